@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+set -euo pipefail
+. "$(dirname "$0")/venv.sh"
+cd "$ROOT"
+exec nvdp config show

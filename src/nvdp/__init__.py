@@ -1,0 +1,3 @@
+"""NVIDIA GPU device plugin for Kubernetes."""
+
+__version__ = "0.1.0"

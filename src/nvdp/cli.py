@@ -1,0 +1,28 @@
+"""`nvdp`: offline tools around the plugin (check a config, preview a node's resources)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from nvdp import __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # Imported here so `nvdp --version` works even if an optional piece fails to import.
+    from nvdp.config import cli as config_cli
+    from nvdp.plan import cli as plan_cli
+
+    parser = argparse.ArgumentParser(prog="nvdp", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"nvdp {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    config_cli.register(sub)
+    plan_cli.register(sub)
+    args = parser.parse_args(argv)
+    handler = args.handler
+    return int(handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Typed configuration: the one place where every default is written down.
+
+Field names are the snake_case form of the config file's camelCase keys
+(`flags.plugin.deviceListStrategy` -> `Flags.plugin.device_list_strategy`).
+A test keeps this module and config-schema.json in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+MigStrategy = Literal["none", "single", "mixed"]
+DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
+DeviceIdStrategy = Literal["uuid", "index"]
+AllocationPolicy = Literal["distributed", "packed"]
+DiscoveryStrategy = Literal["auto", "nvml", "tegra"]
+SharingStrategy = Literal["none", "time-slicing", "mps"]
+
+DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+RESOURCE_PREFIX = "nvidia.com/"
+# NVIDIA's defaults (XID catalogue: application errors, not hardware faults).
+DEFAULT_IGNORED_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
+
+
+@dataclass(frozen=True)
+class PluginFlags:
+    pass_device_specs: bool = False
+    device_list_strategy: tuple[DeviceListStrategy, ...] = ("envvar",)
+    device_id_strategy: DeviceIdStrategy = "uuid"
+    cdi_annotation_prefix: str = "cdi.k8s.io/"
+    nvidia_ctk_path: str = "/usr/bin/nvidia-ctk"
+    container_driver_root: str = "/driver-root"
+    shared_devices_allocation_policy: AllocationPolicy = "distributed"
+    # Ours: kubelet root dirs differ (k3s, microk8s), so both paths are settings.
+    device_plugin_path: str = DEFAULT_DEVICE_PLUGIN_DIR
+    # Empty means "<device_plugin_path>/kubelet.sock".
+    kubelet_socket: str = ""
+    # Same syntax as DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS: "all", "xids" or XID numbers.
+    disable_health_checks: tuple[str, ...] = ()
+    enable_health_checks: tuple[str, ...] = ()
+
+    @property
+    def kubelet_socket_path(self) -> str:
+        return self.kubelet_socket or f"{self.device_plugin_path.rstrip('/')}/kubelet.sock"
+
+
+@dataclass(frozen=True)
+class GfdFlags:
+    """Accepted so NVIDIA configs load unchanged; the plugin does not act on them."""
+
+    oneshot: bool = False
+    no_timestamp: bool = False
+    sleep_interval: str = "60s"
+    output_file: str = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
+    machine_type_file: str = "/sys/class/dmi/id/product_name"
+
+
+@dataclass(frozen=True)
+class Flags:
+    mig_strategy: MigStrategy = "none"
+    fail_on_init_error: bool = True
+    mps_root: str = ""
+    nvidia_driver_root: str = "/"
+    # Empty means "same as nvidia_driver_root", as NVIDIA resolves it.
+    nvidia_dev_root: str = ""
+    gdrcopy_enabled: bool = False
+    gds_enabled: bool = False
+    mofed_enabled: bool = False
+    use_node_feature_api: bool | None = None
+    device_discovery_strategy: DiscoveryStrategy = "auto"
+    plugin: PluginFlags = field(default_factory=PluginFlags)
+    gfd: GfdFlags = field(default_factory=GfdFlags)
+
+    @property
+    def dev_root(self) -> str:
+        return self.nvidia_dev_root or self.nvidia_driver_root
+
+
+@dataclass(frozen=True)
+class ResourcePattern:
+    pattern: str
+    name: str  # fully qualified, e.g. "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Empty lists mean NVIDIA's defaults, which depend on the MIG strategy (see plan)."""
+
+    gpus: tuple[ResourcePattern, ...] = ()
+    mig: tuple[ResourcePattern, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceSelection:
+    """`devices:` of a shared resource: all, the first `count`, or explicit references.
+
+    A reference is a GPU index ("0"), a MIG index ("0:1"), a GPU UUID ("GPU-...")
+    or a MIG UUID ("MIG-..." / "MIG-GPU-<uuid>/<gi>/<ci>"); all kept as strings.
+    """
+
+    all: bool = True
+    count: int | None = None
+    refs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReplicatedResource:
+    name: str  # fully qualified
+    replicas: int
+    rename: str | None = None  # fully qualified; None keeps `name`
+    devices: DeviceSelection = field(default_factory=DeviceSelection)
+
+
+@dataclass(frozen=True)
+class ReplicatedResources:
+    resources: tuple[ReplicatedResource, ...]
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+
+
+@dataclass(frozen=True)
+class Sharing:
+    time_slicing: ReplicatedResources | None = None
+    mps: ReplicatedResources | None = None
+
+    @property
+    def strategy(self) -> SharingStrategy:
+        if self.mps is not None and any(r.replicas > 1 for r in self.mps.resources):
+            return "mps"
+        if self.time_slicing is not None and any(r.replicas > 1 for r in self.time_slicing.resources):
+            return "time-slicing"
+        return "none"
+
+
+@dataclass(frozen=True)
+class Imex:
+    channel_ids: tuple[int, ...] = ()
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    version: str = "v1"
+    flags: Flags = field(default_factory=Flags)
+    resources: Resources = field(default_factory=Resources)
+    sharing: Sharing = field(default_factory=Sharing)
+    imex: Imex = field(default_factory=Imex)
+    # Where the values came from, for logs: a file path, or "defaults".
+    source: str = "defaults"

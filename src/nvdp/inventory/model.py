@@ -1,0 +1,81 @@
+"""What a node has, as plain data: filled from NVML or from a node profile, read by the plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# NVML's nvmlGpuTopologyLevel_t values; lower is closer.
+TOPOLOGY_LEVELS: dict[int, str] = {
+    0: "internal",  # same board (multi-GPU boards)
+    10: "single",  # one PCIe switch
+    20: "multiple",  # several PCIe switches, no host bridge
+    30: "hostbridge",  # one host bridge
+    40: "node",  # host bridges within one NUMA node
+    50: "system",  # across the SMP interconnect (NUMA nodes)
+}
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    uuid: str  # "MIG-..."
+    index: int  # enumeration index under its parent (the j of "i:j")
+    parent_uuid: str
+    parent_index: int
+    profile: str  # "1g.10gb", "1g.10gb+me"
+    gi_id: int
+    ci_id: int
+    memory_bytes: int
+
+    @property
+    def index_id(self) -> str:
+        return f"{self.parent_index}:{self.index}"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str  # "GPU-..."
+    name: str  # product name, e.g. "Tesla T4"
+    memory_bytes: int
+    compute_capability: tuple[int, int]
+    minor: int  # /dev/nvidia<minor>
+    pci_bus_id: str
+    numa_node: int | None = None
+    mig_capable: bool = False
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class Link:
+    """Topology between two GPUs (by index), used to prefer well-connected sets."""
+
+    a: int
+    b: int
+    nvlinks: int  # active NVLink links joining the pair
+    pcie_level: int  # a TOPOLOGY_LEVELS key
+
+
+@dataclass(frozen=True)
+class LostGpu:
+    """A GPU that NVML reports but that could not be read (fell off the bus, ...)."""
+
+    index: int
+    uuid: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Inventory:
+    driver_version: str
+    cuda_driver_version: str  # "12.4"
+    gpus: tuple[Gpu, ...] = ()
+    links: tuple[Link, ...] = ()
+    lost: tuple[LostGpu, ...] = ()
+
+    def gpu(self, uuid: str) -> Gpu | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+    def link(self, a: int, b: int) -> Link | None:
+        lo, hi = min(a, b), max(a, b)
+        return next((lk for lk in self.links if lk.a == lo and lk.b == hi), None)

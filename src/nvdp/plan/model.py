@@ -1,0 +1,84 @@
+"""The resource plan: which Kubernetes resources a node advertises, and the devices behind each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from nvdp.config.model import SharingStrategy
+
+REPLICA_SEPARATOR = "::"
+
+
+@dataclass(frozen=True)
+class PlannedDevice:
+    id: str  # advertised to the kubelet: "GPU-...", "MIG-...", "GPU-...::3"
+    base_id: str  # the physical or MIG device's UUID (id without the replica suffix)
+    index: str  # "0" for a GPU, "0:1" for a MIG device (what deviceIDStrategy=index hands out)
+    gpu_uuids: tuple[str, ...]  # physical GPU(s) behind it
+    gpu_indices: tuple[int, ...]
+    minors: tuple[int, ...]  # /dev/nvidia<minor> of those GPUs
+    numa_node: int | None
+    memory_bytes: int
+    replica: int | None = None  # None: not shared
+    mig: tuple[int, int] | None = None  # (gi_id, ci_id) for MIG devices
+    healthy: bool = True
+
+    @property
+    def is_mig(self) -> bool:
+        return self.mig is not None
+
+
+@dataclass(frozen=True)
+class PlannedResource:
+    name: str  # fully qualified, "nvidia.com/gpu"
+    devices: tuple[PlannedDevice, ...]
+    sharing: SharingStrategy = "none"
+    replicas: int = 1
+    fail_requests_greater_than_one: bool = False
+    # The resource name before `rename` / `renameByDefault`, for messages.
+    source_name: str = ""
+
+    @property
+    def short_name(self) -> str:
+        """The part after "nvidia.com/", used in socket names: nvidia-<short_name>.sock."""
+        return self.name.split("/", 1)[-1]
+
+    def device(self, device_id: str) -> PlannedDevice | None:
+        return next((d for d in self.devices if d.id == device_id), None)
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """A physical device that no resource advertises, and why."""
+
+    device: str  # UUID, or "GPU <index>" when the UUID is unknown
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    resources: tuple[PlannedResource, ...] = ()
+    excluded: tuple[Exclusion, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def resource(self, name: str) -> PlannedResource | None:
+        return next((r for r in self.resources if r.name == name), None)
+
+    def with_unhealthy(self, uuids: frozenset[str]) -> Plan:
+        """Mark unhealthy every device backed by one of `uuids` (a GPU or a MIG device).
+
+        A GPU's UUID marks all its replicas and MIG devices; a MIG UUID marks that MIG device.
+        """
+        resources = tuple(
+            replace(
+                r,
+                devices=tuple(
+                    replace(d, healthy=False)
+                    if d.base_id in uuids or any(g in uuids for g in d.gpu_uuids)
+                    else d
+                    for d in r.devices
+                ),
+            )
+            for r in self.resources
+        )
+        return replace(self, resources=resources)
