@@ -1,0 +1,323 @@
+"""GPU health: which XIDs count, and a thread that turns NVML events into unhealthy device UUIDs.
+
+Devices marked unhealthy stay unhealthy until the plugin re-plans (SIGHUP) or restarts, as in
+NVIDIA's plugin: NVML does not report that a GPU recovered, and a GPU that raised a critical XID
+usually needs a reset that restarts the plugin anyway.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nvdp.config.model import DEFAULT_IGNORED_XIDS, Config
+from nvdp.inventory.model import Gpu, Inventory
+
+# NVML's "no GPU/compute instance": the event belongs to the whole GPU, not one MIG device.
+NO_INSTANCE = 0xFFFFFFFF
+XID_FALLEN_OFF_BUS = 79
+ALL_WORDS = ("all", "xids")
+
+# nvmlEventType* bits (nvml.h); written out so importing this module does not load pynvml.
+EVENT_SINGLE_BIT_ECC = 0x1
+EVENT_DOUBLE_BIT_ECC = 0x2
+EVENT_XID_CRITICAL = 0x8
+WANTED_EVENTS = EVENT_XID_CRITICAL | EVENT_DOUBLE_BIT_ECC | EVENT_SINGLE_BIT_ECC
+
+OnUnhealthy = Callable[[frozenset[str], str], None]
+
+
+@dataclass(frozen=True)
+class XidPolicy:
+    """Which XIDs mark a device unhealthy (NVIDIA's DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS)."""
+
+    enabled: bool = True  # False: no health checks at all, NVML events are not even registered
+    ignored: frozenset[int] = frozenset(DEFAULT_IGNORED_XIDS)
+    forced: frozenset[int] = frozenset()  # counted even when also ignored
+    all_forced: bool = False  # every XID counts, the default-ignored ones too
+    malformed: tuple[str, ...] = ()  # values that were neither a word nor a number, for the log
+
+    def is_critical(self, xid: int) -> bool:
+        if not self.enabled:
+            return False
+        if self.all_forced or xid in self.forced:
+            return True
+        return xid not in self.ignored
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "health checks disabled"
+        if self.all_forced:
+            return "every XID marks a device unhealthy"
+        ignored = sorted(self.ignored - self.forced)
+        return f"ignoring XIDs {ignored}" if ignored else "no XIDs ignored"
+
+
+def _split(values: Iterable[str]) -> list[str]:
+    # Each value may itself be a comma list, as the environment variables are.
+    return [part.strip().lower() for value in values for part in str(value).split(",") if part.strip()]
+
+
+def _parse(values: Iterable[str], malformed: list[str]) -> tuple[bool, set[int]]:
+    everything = False
+    numbers: set[int] = set()
+    for word in _split(values):
+        if word in ALL_WORDS:
+            everything = True
+            continue
+        try:
+            number = int(word, 10)
+        except ValueError:
+            number = -1
+        if number < 0:
+            malformed.append(word)
+        else:
+            numbers.add(number)
+    return everything, numbers
+
+
+def xid_policy(disable: Sequence[str] = (), enable: Sequence[str] = ()) -> XidPolicy:
+    """Build the policy from the disable/enable lists ("all", "xids" or XID numbers, comma lists allowed)."""
+    malformed: list[str] = []
+    disable_all, extra_ignored = _parse(disable, malformed)
+    enable_all, forced = _parse(enable, malformed)
+    return XidPolicy(
+        enabled=not disable_all,
+        ignored=frozenset(DEFAULT_IGNORED_XIDS) | frozenset(extra_ignored),
+        forced=frozenset(forced),
+        all_forced=enable_all,
+        malformed=tuple(malformed),
+    )
+
+
+def policy_from_config(config: Config) -> XidPolicy:
+    plugin = config.flags.plugin
+    return xid_policy(plugin.disable_health_checks, plugin.enable_health_checks)
+
+
+def event_targets(inventory: Inventory, gpu_uuid: str, gi_id: int, ci_id: int) -> frozenset[str]:
+    """The UUIDs an event on `gpu_uuid` makes unhealthy: the GPU, or just one of its MIG devices.
+
+    A MIG event names its GPU and compute instance; when that instance is not in the inventory
+    (created after start-up) nothing the plugin advertises is affected, so the result is empty.
+    """
+    if gi_id == NO_INSTANCE or ci_id == NO_INSTANCE:
+        return frozenset({gpu_uuid})
+    gpu = inventory.gpu(gpu_uuid)
+    if gpu is None:
+        return frozenset({gpu_uuid})
+    for mig in gpu.mig_devices:
+        if mig.gi_id == gi_id and mig.ci_id == ci_id:
+            return frozenset({mig.uuid})
+    return frozenset()
+
+
+class HealthMonitor:
+    """Waits for NVML XID/ECC events on every GPU and reports the affected UUIDs.
+
+    `nvml` is the pynvml module (a stand-in object in tests). NVML must be initialised by the
+    caller's process; the monitor takes its own nvmlInit/nvmlShutdown reference.
+    """
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        policy: XidPolicy,
+        on_unhealthy: OnUnhealthy,
+        log: logging.Logger,
+        *,
+        nvml: Any = None,
+        wait_ms: int = 1000,
+    ) -> None:
+        self._inventory = inventory
+        self._policy = policy
+        self._on_unhealthy = on_unhealthy
+        self._log = log
+        self._nvml = nvml
+        self._wait_ms = wait_ms
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._event_set: Any = None
+        self._handles: dict[int, str] = {}  # handle address -> GPU UUID
+        self._reported: set[str] = set()
+        self._initialised = False
+        self._close_lock = threading.Lock()
+
+    def start(self) -> bool:
+        """Register for events and start the thread; False when health checks are off or impossible."""
+        for word in self._policy.malformed:
+            self._log.warning("Ignoring malformed XID value %r: use 'all', 'xids' or XID numbers", word)
+        if not self._policy.enabled:
+            self._log.info("Health checks disabled by configuration; devices will always be reported healthy")
+            return False
+        if not self._inventory.gpus:
+            return False
+        self._log.info("Health checks: %s", self._policy.describe())
+        try:
+            if self._nvml is None:
+                import pynvml
+
+                self._nvml = pynvml
+            self._register()
+        except Exception as err:  # NVML is a C library: any failure here must not stop the plugin
+            self._log.error("Failed to start health checks: %s; continuing with health checks disabled", err)
+            self._close()
+            return False
+        self._thread = threading.Thread(target=self._run, name="health", daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout if timeout is not None else self._wait_ms / 1000 + 2.0)
+        self._thread = None
+        if thread is None or not thread.is_alive():
+            self._close()
+
+    # --- NVML side -------------------------------------------------------------------------
+
+    def _register(self) -> None:
+        nvml = self._nvml
+        nvml.nvmlInit()
+        self._initialised = True
+        self._event_set = nvml.nvmlEventSetCreate()
+        failed: set[str] = set()
+        for gpu in self._inventory.gpus:
+            reason = self._register_gpu(gpu)
+            if reason:
+                failed.add(gpu.uuid)
+                self._log.warning("GPU %d (%s): %s; marking it unhealthy", gpu.index, gpu.uuid, reason)
+        if failed:
+            self._report(frozenset(failed), "health check registration failed")
+
+    def _register_gpu(self, gpu: Gpu) -> str:
+        """Register one GPU's events; returns why that failed, or "" on success / too old."""
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            supported = int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
+            nvml.nvmlDeviceRegisterEvents(handle, WANTED_EVENTS & supported, self._event_set)
+        except nvml.NVMLError as err:
+            if _code(err) == nvml.NVML_ERROR_NOT_SUPPORTED:
+                self._log.info("GPU %d (%s) is too old for health checks; skipping it", gpu.index, gpu.uuid)
+                return ""
+            return f"cannot register for health events ({err})"
+        self._handles[_address(handle)] = gpu.uuid
+        return ""
+
+    def _run(self) -> None:
+        nvml = self._nvml
+        while not self._stop.is_set():
+            try:
+                data = nvml.nvmlEventSetWait_v2(self._event_set, self._wait_ms)
+            except nvml.NVMLError as err:
+                if _code(err) == nvml.NVML_ERROR_TIMEOUT:
+                    continue
+                self._wait_failed(err)
+                continue
+            except Exception as err:  # keep the loop alive whatever the binding raises
+                self._wait_failed(err)
+                continue
+            self._handle_event(data)
+        self._close()
+
+    def _wait_failed(self, err: Exception) -> None:
+        lost = self._lost_gpus()
+        if lost:
+            self._report(lost, f"GPU is lost ({err})")
+        else:
+            all_gpus = frozenset(g.uuid for g in self._inventory.gpus)
+            self._report(all_gpus, f"error waiting for NVML events ({err})")
+        # A failing wait returns at once; without a pause the thread would spin.
+        self._stop.wait(self._wait_ms / 1000)
+
+    def _lost_gpus(self) -> frozenset[str]:
+        nvml = self._nvml
+        lost: set[str] = set()
+        for gpu in self._inventory.gpus:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                nvml.nvmlDeviceGetUUID(handle)
+            except nvml.NVMLError as err:
+                if _code(err) == nvml.NVML_ERROR_GPU_IS_LOST:
+                    lost.add(gpu.uuid)
+        return frozenset(lost)
+
+    def _handle_event(self, data: Any) -> None:
+        event_type = int(data.eventType)
+        if not event_type & EVENT_XID_CRITICAL:
+            self._log.debug("Skipping non-XID event type 0x%x", event_type)
+            return
+        xid = int(data.eventData)
+        if not self._policy.is_critical(xid):
+            self._log.info("Ignoring XID %d (not critical under the current health check settings)", xid)
+            return
+        gpu_uuid = self._event_gpu(data.device)
+        if gpu_uuid is None:
+            targets = frozenset(g.uuid for g in self._inventory.gpus)
+            self._report(targets, f"XID {xid} on a GPU that could not be identified")
+            return
+        gi_id, ci_id = int(data.gpuInstanceId), int(data.computeInstanceId)
+        targets = event_targets(self._inventory, gpu_uuid, gi_id, ci_id)
+        if not targets:
+            self._log.warning(
+                "XID %d on GPU %s instance %d/%d, which no resource advertises; ignoring it",
+                xid, gpu_uuid, gi_id, ci_id,
+            )
+            return
+        reason = "GPU has fallen off the bus" if xid == XID_FALLEN_OFF_BUS else "critical error"
+        self._report(targets, f"XID {xid} ({reason})")
+
+    def _event_gpu(self, handle: Any) -> str | None:
+        known = self._handles.get(_address(handle))
+        if known is not None:
+            return known
+        try:
+            uuid = self._nvml.nvmlDeviceGetUUID(handle)
+        except Exception:
+            return None
+        return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+
+    def _report(self, uuids: frozenset[str], reason: str) -> None:
+        fresh = uuids - self._reported
+        if not fresh:
+            return
+        self._reported |= fresh
+        try:
+            self._on_unhealthy(fresh, reason)
+        except Exception:  # a failing consumer must not end health checking
+            self._log.exception("Could not apply health event for %s", sorted(fresh))
+
+    def _close(self) -> None:
+        # Called from the thread's exit and from stop(); NVML's init count must drop only once.
+        with self._close_lock:
+            nvml, event_set, initialised = self._nvml, self._event_set, self._initialised
+            self._event_set = None
+            self._initialised = False
+        if nvml is None or not initialised:
+            return
+        try:
+            if event_set is not None:
+                nvml.nvmlEventSetFree(event_set)
+            nvml.nvmlShutdown()
+        except Exception as err:
+            self._log.debug("NVML clean-up after health checks: %s", err)
+
+
+def _code(err: Exception) -> int | None:
+    value = getattr(err, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def _address(handle: Any) -> int:
+    """A stable key for an NVML device handle (a ctypes pointer, or any object in tests)."""
+    try:
+        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)

@@ -1,0 +1,116 @@
+"""Test doubles shared by the lifecycle tests: a tiny inventory and a scripted NVML."""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass
+from typing import Any
+
+from nvdp.inventory.model import Gpu, Inventory, MigDevice
+
+
+def gpu(index: int, mig: tuple[MigDevice, ...] = ()) -> Gpu:
+    return Gpu(
+        index=index,
+        uuid=f"GPU-{index}",
+        name="Tesla T4",
+        memory_bytes=16 << 30,
+        compute_capability=(7, 5),
+        minor=index,
+        pci_bus_id=f"0000:0{index}:00.0",
+        mig_enabled=bool(mig),
+        mig_devices=mig,
+    )
+
+
+def mig_device(parent: int, index: int, gi_id: int, ci_id: int) -> MigDevice:
+    return MigDevice(
+        uuid=f"MIG-{parent}-{index}",
+        index=index,
+        parent_uuid=f"GPU-{parent}",
+        parent_index=parent,
+        profile="1g.10gb",
+        gi_id=gi_id,
+        ci_id=ci_id,
+        memory_bytes=10 << 30,
+    )
+
+
+def inventory(*gpus: Gpu) -> Inventory:
+    return Inventory(driver_version="550.54.15", cuda_driver_version="12.4", gpus=tuple(gpus))
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+@dataclass
+class Event:
+    device: Any
+    eventType: int  # noqa: N815 - pynvml's field names
+    eventData: int  # noqa: N815
+    gpuInstanceId: int = 0xFFFFFFFF  # noqa: N815
+    computeInstanceId: int = 0xFFFFFFFF  # noqa: N815
+
+
+class Handle:
+    def __init__(self, uuid: str) -> None:
+        self.uuid = uuid
+
+
+class FakeNvml:
+    """Just the pynvml calls the health monitor makes; events are fed through `events`."""
+
+    NVMLError = NVMLError
+    NVML_ERROR_NOT_SUPPORTED = 3
+    NVML_ERROR_TIMEOUT = 10
+    NVML_ERROR_GPU_IS_LOST = 15
+
+    def __init__(self, uuids: list[str]) -> None:
+        self.handles = {u: Handle(u) for u in uuids}
+        self.events: queue.Queue[Event | NVMLError] = queue.Queue()
+        self.registered: dict[str, int] = {}
+        self.not_supported: set[str] = set()
+        self.lost: set[str] = set()
+        self.init_count = 0
+        self.waits = 0
+
+    def nvmlInit(self) -> None:  # noqa: N802
+        self.init_count += 1
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self.init_count -= 1
+
+    def nvmlEventSetCreate(self) -> object:  # noqa: N802
+        return object()
+
+    def nvmlEventSetFree(self, event_set: object) -> None:  # noqa: N802
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Handle:  # noqa: N802
+        return self.handles[uuid]
+
+    def nvmlDeviceGetUUID(self, handle: Handle) -> str:  # noqa: N802
+        if handle.uuid in self.lost:
+            raise NVMLError(self.NVML_ERROR_GPU_IS_LOST)
+        return handle.uuid
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Handle) -> int:  # noqa: N802
+        if handle.uuid in self.not_supported:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        return 0x8 | 0x2  # no single-bit ECC events on this board
+
+    def nvmlDeviceRegisterEvents(self, handle: Handle, types: int, event_set: object) -> None:  # noqa: N802
+        self.registered[handle.uuid] = types
+
+    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> Event:  # noqa: N802
+        self.waits += 1
+        try:
+            item = self.events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise NVMLError(self.NVML_ERROR_TIMEOUT) from None
+        if isinstance(item, NVMLError):
+            raise item
+        return item

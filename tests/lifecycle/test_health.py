@@ -1,0 +1,224 @@
+from __future__ import annotations
+
+import logging
+import queue
+
+import pytest
+
+from nvdp.config.model import Config, Flags, PluginFlags
+from nvdp.plugin.health import (
+    HealthMonitor,
+    XidPolicy,
+    event_targets,
+    policy_from_config,
+    xid_policy,
+)
+from tests.lifecycle.fakes import Event, FakeNvml, NVMLError, gpu, inventory, mig_device
+
+LOG = logging.getLogger("test.health")
+
+
+@pytest.mark.parametrize("xid", [13, 31, 43, 45, 68, 109])
+def test_default_policy_ignores_application_errors(xid: int) -> None:
+    policy = xid_policy()
+    assert policy.enabled
+    assert not policy.is_critical(xid)
+
+
+@pytest.mark.parametrize("xid", [48, 63, 64, 74, 79, 94, 95])
+def test_default_policy_counts_hardware_errors(xid: int) -> None:
+    assert xid_policy().is_critical(xid)
+
+
+@pytest.mark.parametrize("word", ["all", "xids", "ALL", " Xids "])
+def test_disable_all_turns_health_checks_off(word: str) -> None:
+    policy = xid_policy(disable=[word])
+    assert not policy.enabled
+    assert not policy.is_critical(79)
+    assert policy.describe() == "health checks disabled"
+
+
+def test_disable_numbers_are_extra_ignored_xids() -> None:
+    policy = xid_policy(disable=["48,64", "79"])
+    assert policy.enabled
+    assert not policy.is_critical(48)
+    assert not policy.is_critical(64)
+    assert not policy.is_critical(79)
+    assert not policy.is_critical(13)
+    assert policy.is_critical(94)
+
+
+def test_enable_numbers_override_ignored_including_defaults() -> None:
+    policy = xid_policy(disable=["48"], enable=["48", "13"])
+    assert policy.is_critical(48)
+    assert policy.is_critical(13)
+    assert not policy.is_critical(31)
+    assert policy.describe() == "ignoring XIDs [31, 43, 45, 68, 109]"
+
+
+def test_enable_all_counts_every_xid() -> None:
+    policy = xid_policy(disable=["48"], enable=["all"])
+    assert all(policy.is_critical(x) for x in (13, 31, 43, 45, 48, 68, 109))
+    assert policy.describe() == "every XID marks a device unhealthy"
+
+
+def test_disable_all_wins_over_enable() -> None:
+    assert not xid_policy(disable=["all"], enable=["79"]).is_critical(79)
+
+
+def test_malformed_values_are_kept_for_the_log_and_do_not_crash() -> None:
+    policy = xid_policy(disable=["13x", "48", "-1", ""], enable=["nope"])
+    assert policy.malformed == ("13x", "-1", "nope")
+    assert not policy.is_critical(48)
+
+
+def test_policy_from_config_reads_plugin_flags() -> None:
+    config = Config(flags=Flags(plugin=PluginFlags(disable_health_checks=("79",), enable_health_checks=("13",))))
+    policy = policy_from_config(config)
+    assert not policy.is_critical(79)
+    assert policy.is_critical(13)
+
+
+def test_event_targets_gpu_and_mig() -> None:
+    inv = inventory(gpu(0, mig=(mig_device(0, 0, 1, 0), mig_device(0, 1, 2, 0))), gpu(1))
+    assert event_targets(inv, "GPU-0", 0xFFFFFFFF, 0xFFFFFFFF) == {"GPU-0"}
+    assert event_targets(inv, "GPU-0", 2, 0) == {"MIG-0-1"}
+    assert event_targets(inv, "GPU-0", 7, 0) == frozenset()
+    assert event_targets(inv, "GPU-9", 1, 0) == {"GPU-9"}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: queue.Queue[tuple[frozenset[str], str]] = queue.Queue()
+
+    def __call__(self, uuids: frozenset[str], reason: str) -> None:
+        self.calls.put((uuids, reason))
+
+    def next(self) -> tuple[frozenset[str], str]:
+        return self.calls.get(timeout=5)
+
+
+def start_monitor(nvml: FakeNvml, policy: XidPolicy | None = None) -> tuple[HealthMonitor, Recorder]:
+    inv = inventory(gpu(0), gpu(1, mig=(mig_device(1, 0, 3, 0),)))
+    recorder = Recorder()
+    monitor = HealthMonitor(inv, policy or xid_policy(), recorder, LOG, nvml=nvml, wait_ms=20)
+    return monitor, recorder
+
+
+def test_monitor_reports_critical_xid_and_skips_ignored_and_ecc() -> None:
+    nvml = FakeNvml(["GPU-0", "GPU-1"])
+    monitor, recorder = start_monitor(nvml)
+    assert monitor.start()
+    try:
+        assert nvml.registered == {"GPU-0": 0xA, "GPU-1": 0xA}
+        nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 13))
+        nvml.events.put(Event(nvml.handles["GPU-0"], 0x2, 0))
+        nvml.events.put(Event(nvml.handles["GPU-1"], 0x8, 48, 3, 0))
+        nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 79))
+        assert recorder.next() == (frozenset({"MIG-1-0"}), "XID 48 (critical error)")
+        assert recorder.next() == (frozenset({"GPU-0"}), "XID 79 (GPU has fallen off the bus)")
+    finally:
+        monitor.stop()
+    assert recorder.calls.empty()
+    assert nvml.init_count == 0
+
+
+def test_monitor_repeated_xid_is_reported_once() -> None:
+    nvml = FakeNvml(["GPU-0", "GPU-1"])
+    monitor, recorder = start_monitor(nvml)
+    assert monitor.start()
+    try:
+        nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 48))
+        nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 48))
+        nvml.events.put(Event(nvml.handles["GPU-1"], 0x8, 48))
+        assert recorder.next()[0] == {"GPU-0"}
+        assert recorder.next()[0] == {"GPU-1"}
+    finally:
+        monitor.stop()
+    assert recorder.calls.empty()
+
+
+def test_monitor_lost_gpu_on_wait_error() -> None:
+    nvml = FakeNvml(["GPU-0", "GPU-1"])
+    monitor, recorder = start_monitor(nvml)
+    assert monitor.start()
+    try:
+        nvml.lost.add("GPU-1")
+        nvml.events.put(NVMLError(nvml.NVML_ERROR_GPU_IS_LOST))
+        uuids, reason = recorder.next()
+        assert uuids == {"GPU-1"}
+        assert reason == "GPU is lost (NVML error 15)"
+    finally:
+        monitor.stop()
+
+
+def test_monitor_unexplained_wait_error_marks_all() -> None:
+    nvml = FakeNvml(["GPU-0", "GPU-1"])
+    monitor, recorder = start_monitor(nvml)
+    assert monitor.start()
+    try:
+        nvml.events.put(NVMLError(999))
+        uuids, reason = recorder.next()
+        assert uuids == {"GPU-0", "GPU-1"}
+        assert reason == "error waiting for NVML events (NVML error 999)"
+    finally:
+        monitor.stop()
+
+
+def test_monitor_too_old_gpu_is_skipped_not_unhealthy(caplog: pytest.LogCaptureFixture) -> None:
+    nvml = FakeNvml(["GPU-0", "GPU-1"])
+    nvml.not_supported.add("GPU-0")
+    monitor, recorder = start_monitor(nvml)
+    with caplog.at_level(logging.INFO):
+        assert monitor.start()
+    monitor.stop()
+    assert "GPU 0 (GPU-0) is too old for health checks; skipping it" in caplog.messages
+    assert list(nvml.registered) == ["GPU-1"]
+    assert recorder.calls.empty()
+
+
+def test_monitor_disabled_uses_no_nvml(caplog: pytest.LogCaptureFixture) -> None:
+    nvml = FakeNvml(["GPU-0"])
+    monitor, _ = start_monitor(nvml, xid_policy(disable=["all", "x1"]))
+    with caplog.at_level(logging.INFO):
+        assert not monitor.start()
+    monitor.stop()
+    assert nvml.init_count == 0 and nvml.waits == 0
+    assert "Ignoring malformed XID value 'x1': use 'all', 'xids' or XID numbers" in caplog.messages
+
+
+def test_monitor_start_failure_leaves_health_checks_off(caplog: pytest.LogCaptureFixture) -> None:
+    nvml = FakeNvml(["GPU-0"])
+
+    def broken() -> object:
+        raise NVMLError(12)
+
+    nvml.nvmlEventSetCreate = broken  # type: ignore[method-assign]
+    monitor, _ = start_monitor(nvml)
+    assert not monitor.start()
+    assert nvml.init_count == 0
+    assert caplog.messages[-1] == (
+        "Failed to start health checks: NVML error 12; continuing with health checks disabled"
+    )
+
+
+def test_monitor_consumer_error_does_not_stop_the_loop() -> None:
+    nvml = FakeNvml(["GPU-0", "GPU-1"])
+    seen: list[frozenset[str]] = []
+    done: queue.Queue[bool] = queue.Queue()
+
+    def consumer(uuids: frozenset[str], reason: str) -> None:
+        seen.append(uuids)
+        if len(seen) == 1:
+            raise RuntimeError("boom")
+        done.put(True)
+
+    monitor = HealthMonitor(inventory(gpu(0), gpu(1)), xid_policy(), consumer, LOG, nvml=nvml, wait_ms=20)
+    assert monitor.start()
+    try:
+        nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 48))
+        nvml.events.put(Event(nvml.handles["GPU-1"], 0x8, 48))
+        assert done.get(timeout=5)
+    finally:
+        monitor.stop()
+    assert seen == [frozenset({"GPU-0"}), frozenset({"GPU-1"})]
