@@ -49,10 +49,10 @@ class NVMLError(Exception):
 @dataclass
 class Event:
     device: Any
-    eventType: int  # noqa: N815 - pynvml's field names
-    eventData: int  # noqa: N815
-    gpuInstanceId: int = 0xFFFFFFFF  # noqa: N815
-    computeInstanceId: int = 0xFFFFFFFF  # noqa: N815
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
 
 
 class Handle:
@@ -77,35 +77,35 @@ class FakeNvml:
         self.init_count = 0
         self.waits = 0
 
-    def nvmlInit(self) -> None:  # noqa: N802
+    def nvmlInit(self) -> None:
         self.init_count += 1
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self.init_count -= 1
 
-    def nvmlEventSetCreate(self) -> object:  # noqa: N802
+    def nvmlEventSetCreate(self) -> object:
         return object()
 
-    def nvmlEventSetFree(self, event_set: object) -> None:  # noqa: N802
+    def nvmlEventSetFree(self, event_set: object) -> None:
         pass
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Handle:  # noqa: N802
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Handle:
         return self.handles[uuid]
 
-    def nvmlDeviceGetUUID(self, handle: Handle) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, handle: Handle) -> str:
         if handle.uuid in self.lost:
             raise NVMLError(self.NVML_ERROR_GPU_IS_LOST)
         return handle.uuid
 
-    def nvmlDeviceGetSupportedEventTypes(self, handle: Handle) -> int:  # noqa: N802
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Handle) -> int:
         if handle.uuid in self.not_supported:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
         return 0x8 | 0x2  # no single-bit ECC events on this board
 
-    def nvmlDeviceRegisterEvents(self, handle: Handle, types: int, event_set: object) -> None:  # noqa: N802
+    def nvmlDeviceRegisterEvents(self, handle: Handle, types: int, event_set: object) -> None:
         self.registered[handle.uuid] = types
 
-    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> Event:  # noqa: N802
+    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> Event:
         self.waits += 1
         try:
             item = self.events.get(timeout=timeout_ms / 1000)

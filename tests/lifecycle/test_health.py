@@ -13,7 +13,8 @@ from nvdp.plugin.health import (
     policy_from_config,
     xid_policy,
 )
-from tests.lifecycle.fakes import Event, FakeNvml, NVMLError, gpu, inventory, mig_device
+
+from .fakes import Event, FakeNvml, NVMLError, gpu, inventory, mig_device
 
 LOG = logging.getLogger("test.health")
 
@@ -73,7 +74,8 @@ def test_malformed_values_are_kept_for_the_log_and_do_not_crash() -> None:
 
 
 def test_policy_from_config_reads_plugin_flags() -> None:
-    config = Config(flags=Flags(plugin=PluginFlags(disable_health_checks=("79",), enable_health_checks=("13",))))
+    plugin = PluginFlags(disable_health_checks=("79",), enable_health_checks=("13",))
+    config = Config(flags=Flags(plugin=plugin))
     policy = policy_from_config(config)
     assert not policy.is_critical(79)
     assert policy.is_critical(13)
