@@ -9,8 +9,8 @@ from nvdp.config.model import (
     MigStrategy,
     ReplicatedResource,
     ReplicatedResources,
-    Resources,
     ResourcePattern,
+    Resources,
     Sharing,
 )
 from nvdp.inventory.model import Gpu, Inventory, LostGpu, MigDevice

@@ -164,8 +164,10 @@ def test_pattern_match_is_anchored_over_the_whole_name() -> None:
 
 def test_mig_patterns_under_mixed_can_group_profiles() -> None:
     inv = inventory(gpu(0, H100, (9, 0), ("1g.10gb", "1g.10gb+me", "3g.40gb")))
-    cfg = config("mixed", migs=(ResourcePattern("1g.*", "nvidia.com/mig-small"),
-                                ResourcePattern("*", "nvidia.com/mig-big")))
+    cfg = config(
+        "mixed",
+        migs=(ResourcePattern("1g.*", "nvidia.com/mig-small"), ResourcePattern("*", "nvidia.com/mig-big")),
+    )
     assert names_and_ids(plan(cfg, inv)) == {
         "nvidia.com/mig-big": [mig_uuid(0, 2)],
         "nvidia.com/mig-small": [mig_uuid(0, 0), mig_uuid(0, 1)],
