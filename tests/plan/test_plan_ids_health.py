@@ -1,0 +1,69 @@
+"""container_device_ids for Allocate, and Plan.with_unhealthy."""
+
+from __future__ import annotations
+
+import pytest
+from plan_factories import config, entry, gpu, gpu_uuid, inventory, mig_uuid
+
+from nvdp.plan import UnknownDeviceError, container_device_ids, plan
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_uuid_strategy_strips_replica_suffix_and_dedupes_in_request_order() -> None:
+    p = plan(config(time_slicing=(entry(replicas=3),)), inventory(gpu(0), gpu(1)))
+    r = p.resources[0]
+    requested = [f"{gpu_uuid(1)}::2", f"{gpu_uuid(0)}::0", f"{gpu_uuid(1)}::0"]
+    assert container_device_ids(r, requested, "uuid") == [gpu_uuid(1), gpu_uuid(0)]
+    assert container_device_ids(r, requested, "index") == ["1", "0"]
+
+
+def test_index_strategy_gives_mig_indices() -> None:
+    p = plan(config("single"), inventory(gpu(0, H100, (9, 0), ("1g.10gb", "1g.10gb"))))
+    r = p.resources[0]
+    assert container_device_ids(r, [mig_uuid(0, 1), mig_uuid(0, 0)], "index") == ["0:1", "0:0"]
+    assert container_device_ids(r, [mig_uuid(0, 1)], "uuid") == [mig_uuid(0, 1)]
+
+
+def test_unknown_device_id_is_an_error_naming_it() -> None:
+    r = plan(config(), inventory(gpu(0))).resources[0]
+    with pytest.raises(UnknownDeviceError) as err:
+        container_device_ids(r, [gpu_uuid(0), "GPU-nope"], "uuid")
+    assert str(err.value) == "unknown device: GPU-nope"
+    assert (err.value.resource, err.value.device_id) == ("nvidia.com/gpu", "GPU-nope")
+
+
+def test_a_gpu_uuid_marks_all_its_replicas_unhealthy() -> None:
+    p = plan(config(time_slicing=(entry(replicas=3),)), inventory(gpu(0), gpu(1)))
+    sick = p.with_unhealthy(frozenset({gpu_uuid(1)}))
+    assert [(d.id, d.healthy) for d in sick.resources[0].devices] == [
+        (f"{gpu_uuid(g)}::{n}", g == 0) for g in (0, 1) for n in range(3)
+    ]
+    assert all(d.healthy for d in p.resources[0].devices)  # the original plan is unchanged
+
+
+def test_a_gpu_uuid_marks_its_mig_devices_in_every_resource() -> None:
+    inv = inventory(gpu(0, H100, (9, 0), ("1g.10gb", "3g.40gb")), gpu(1, H100, (9, 0), ("1g.10gb",)))
+    sick = plan(config("mixed"), inv).with_unhealthy(frozenset({gpu_uuid(0)}))
+    assert {d.id: d.healthy for r in sick.resources for d in r.devices} == {
+        mig_uuid(0, 0): False,
+        mig_uuid(0, 1): False,
+        mig_uuid(1, 0): True,
+    }
+
+
+def test_a_mig_uuid_marks_only_that_mig_device_and_its_replicas() -> None:
+    inv = inventory(gpu(0, H100, (9, 0), ("1g.10gb", "1g.10gb")))
+    p = plan(config("single", time_slicing=(entry(replicas=2),)), inv)
+    sick = p.with_unhealthy(frozenset({mig_uuid(0, 1)}))
+    assert [(d.id, d.healthy) for d in sick.resources[0].devices] == [
+        (f"{mig_uuid(0, 0)}::0", True),
+        (f"{mig_uuid(0, 0)}::1", True),
+        (f"{mig_uuid(0, 1)}::0", False),
+        (f"{mig_uuid(0, 1)}::1", False),
+    ]
+
+
+def test_unknown_uuid_changes_nothing() -> None:
+    p = plan(config(), inventory(gpu(0)))
+    assert p.with_unhealthy(frozenset({"GPU-other"})) == p
