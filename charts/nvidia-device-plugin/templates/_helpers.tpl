@@ -1,0 +1,282 @@
+{{/*
+Naming: the same rules as NVIDIA's chart, so object names stay what users of that chart expect
+(release "k8s-device-plugin" gives DaemonSets "k8s-device-plugin-nvidia-device-plugin" and
+"k8s-device-plugin-nvidia-device-plugin-mps-control-daemon").
+*/}}
+{{- define "nvidia-device-plugin.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "<fullname>-<suffix>", kept within the 63 characters of a label value / DNS label. */}}
+{{- define "nvidia-device-plugin.suffixedName" -}}
+{{- $full := include "nvidia-device-plugin.fullname" .root -}}
+{{- printf "%s-%s" ($full | trunc (int (sub 62 (len .suffix)))) .suffix | replace "--" "-" -}}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.serviceAccountName" -}}
+{{- include "nvidia-device-plugin.suffixedName" (dict "root" . "suffix" "service-account") -}}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.configMapName" -}}
+{{- if .Values.config.name -}}
+{{- .Values.config.name -}}
+{{- else -}}
+{{- include "nvidia-device-plugin.suffixedName" (dict "root" . "suffix" "configs") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Selector labels shared by all objects of the release; each DaemonSet adds its component. */}}
+{{- define "nvidia-device-plugin.selectorLabels" -}}
+{{- if .Values.selectorLabelsOverride -}}
+{{- toYaml .Values.selectorLabelsOverride -}}
+{{- else -}}
+app.kubernetes.io/name: {{ include "nvidia-device-plugin.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+{{- end -}}
+
+{{/* Call with (dict "root" $ "component" "..."): the DaemonSet's own selector. */}}
+{{- define "nvidia-device-plugin.componentSelectorLabels" -}}
+{{ include "nvidia-device-plugin.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.labels" -}}
+helm.sh/chart: {{ include "nvidia-device-plugin.chart" . }}
+{{ include "nvidia-device-plugin.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.mpsImage" -}}
+{{- printf "%s:%s" .Values.mpsImage.repository (default .Chart.AppVersion .Values.mpsImage.tag) -}}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.mpsImagePullPolicy" -}}
+{{- default .Values.image.pullPolicy .Values.mpsImage.pullPolicy -}}
+{{- end -}}
+
+{{/*
+Inline config entries parsed into objects, as JSON {"entries": [...]}. String entries (from
+--set-file) are parsed with fromYaml; ones that do not parse are left out here and reported by
+validation.yaml.
+*/}}
+{{- define "nvidia-device-plugin.parsedConfigs" -}}
+{{- $entries := list -}}
+{{- range $key, $value := .Values.config.map -}}
+{{- if kindIs "string" $value -}}
+{{- $parsed := fromYaml $value -}}
+{{- if not (hasKey $parsed "Error") -}}
+{{- $entries = append $entries $parsed -}}
+{{- end -}}
+{{- else if kindIs "map" $value -}}
+{{- $entries = append $entries $value -}}
+{{- end -}}
+{{- end -}}
+{{- dict "entries" $entries | toJson -}}
+{{- end -}}
+
+{{/*
+The config.map key mounted as the plugin's config file, chosen like NVIDIA's config-manager does
+without a node label: config.default, then the fallback strategies. Empty output: no config file.
+With config.name (a ConfigMap the chart cannot read) "named" means key "default" and "single"
+cannot be resolved.
+*/}}
+{{- define "nvidia-device-plugin.selectedConfig" -}}
+{{- $selected := "" -}}
+{{- if or .Values.config.map .Values.config.name -}}
+{{- if .Values.config.default -}}
+{{- $selected = .Values.config.default -}}
+{{- else -}}
+{{- $done := false -}}
+{{- range $strategy := .Values.config.fallbackStrategies -}}
+{{- if not $done -}}
+{{- if eq $strategy "named" -}}
+{{- if or $.Values.config.name (hasKey $.Values.config.map "default") -}}
+{{- $selected = "default" -}}
+{{- $done = true -}}
+{{- end -}}
+{{- else if eq $strategy "single" -}}
+{{- if eq (len $.Values.config.map) 1 -}}
+{{- $selected = keys $.Values.config.map | first -}}
+{{- $done = true -}}
+{{- end -}}
+{{- else if eq $strategy "empty" -}}
+{{- $done = true -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $selected -}}
+{{- end -}}
+
+{{/* "true" when a config file is mounted into the pods. */}}
+{{- define "nvidia-device-plugin.hasConfigFile" -}}
+{{- if include "nvidia-device-plugin.selectedConfig" . -}}true{{- end -}}
+{{- end -}}
+
+{{/* sha256 of the inline configs, so pods roll when they change. */}}
+{{- define "nvidia-device-plugin.configChecksum" -}}
+{{- toJson .Values.config.map | sha256sum -}}
+{{- end -}}
+
+{{/*
+"true" when the MPS control daemon is rendered: forced by mps.enabled, or (mps.enabled null) when
+an inline config entry sets sharing.mps.
+*/}}
+{{- define "nvidia-device-plugin.usesMps" -}}
+{{- if kindIs "bool" .Values.mps.enabled -}}
+{{- if .Values.mps.enabled -}}true{{- end -}}
+{{- else -}}
+{{- $found := false -}}
+{{- range $entry := (include "nvidia-device-plugin.parsedConfigs" . | fromJson).entries -}}
+{{- $sharing := get $entry "sharing" -}}
+{{- if and (kindIs "map" $sharing) (get $sharing "mps") -}}
+{{- $found = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $found -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A device-list strategy value (string, comma list or list) as a list. */}}
+{{- define "nvidia-device-plugin.strategyList" -}}
+{{- if kindIs "string" . -}}
+{{- splitList "," . | toJson -}}
+{{- else if kindIs "slice" . -}}
+{{- toJson . -}}
+{{- else -}}
+[]
+{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when MIG devices may be advertised: the migStrategy value if set (its env var overrides the
+config file), otherwise any inline entry's flags.migStrategy; an external ConfigMap (config.name)
+cannot be read, so it counts as "maybe".
+*/}}
+{{- define "nvidia-device-plugin.migPossible" -}}
+{{- if kindIs "string" .Values.migStrategy -}}
+{{- if ne .Values.migStrategy "none" -}}true{{- end -}}
+{{- else if .Values.config.name -}}
+true
+{{- else -}}
+{{- $found := false -}}
+{{- range $entry := (include "nvidia-device-plugin.parsedConfigs" . | fromJson).entries -}}
+{{- $flags := get $entry "flags" -}}
+{{- if kindIs "map" $flags -}}
+{{- $mig := get $flags "migStrategy" -}}
+{{- if and (kindIs "string" $mig) (ne $mig "none") -}}
+{{- $found = true -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $found -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when devices may be passed as volume mounts (which needs SYS_ADMIN). */}}
+{{- define "nvidia-device-plugin.volumeMountsPossible" -}}
+{{- if or (kindIs "string" .Values.deviceListStrategy) (kindIs "slice" .Values.deviceListStrategy) -}}
+{{- if has "volume-mounts" (include "nvidia-device-plugin.strategyList" .Values.deviceListStrategy | fromJsonArray) -}}true{{- end -}}
+{{- else if .Values.config.name -}}
+true
+{{- else -}}
+{{- $found := false -}}
+{{- range $entry := (include "nvidia-device-plugin.parsedConfigs" . | fromJson).entries -}}
+{{- $flags := get $entry "flags" -}}
+{{- if kindIs "map" $flags -}}
+{{- $plugin := get $flags "plugin" -}}
+{{- if kindIs "map" $plugin -}}
+{{- if has "volume-mounts" (include "nvidia-device-plugin.strategyList" (get $plugin "deviceListStrategy") | fromJsonArray) -}}
+{{- $found = true -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $found -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The plugin container's security context: the user's if given; privileged for compatWithCPUManager
+(needs every device node); SYS_ADMIN for MIG monitoring or volume-mounts; otherwise nothing extra.
+*/}}
+{{- define "nvidia-device-plugin.securityContext" -}}
+{{- if .Values.securityContext -}}
+{{- toYaml .Values.securityContext -}}
+{{- else if and (kindIs "bool" .Values.compatWithCPUManager) .Values.compatWithCPUManager -}}
+privileged: true
+{{- else if or (include "nvidia-device-plugin.migPossible" .) (include "nvidia-device-plugin.volumeMountsPossible" .) -}}
+allowPrivilegeEscalation: false
+capabilities:
+  drop: ["ALL"]
+  add: ["SYS_ADMIN"]
+{{- else -}}
+allowPrivilegeEscalation: false
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+{{- end -}}
+
+{{/* Scheduling fields shared by both DaemonSets. */}}
+{{- define "nvidia-device-plugin.podScheduling" -}}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The config volume: the selected entry projected as config.yaml (no subPath, so updates land). */}}
+{{- define "nvidia-device-plugin.configVolume" -}}
+- name: config
+  configMap:
+    name: {{ include "nvidia-device-plugin.configMapName" . }}
+    items:
+      - key: {{ include "nvidia-device-plugin.selectedConfig" . | quote }}
+        path: config.yaml
+{{- end -}}
