@@ -279,3 +279,14 @@ def test_sharing_blocks_with_only_unshared_entries_change_nothing() -> None:
     assert [(r.name, r.sharing, [d.id for d in r.devices]) for r in p.resources] == [
         ("nvidia.com/gpu", "none", [gpu_uuid(0)])
     ]
+
+
+def test_entry_whose_refs_all_miss_shares_nothing() -> None:
+    sel = DeviceSelection(all=False, refs=("5",))
+    cfg = config(time_slicing=(entry(replicas=2, rename="nvidia.com/gpu.shared", devices=sel),))
+    p = plan(cfg, inventory(gpu(0)))
+    assert [(r.name, [d.id for d in r.devices]) for r in p.resources] == [("nvidia.com/gpu", [gpu_uuid(0)])]
+    assert p.warnings == (
+        "sharing.timeSlicing.resources[0]: device '5' is not one of the 1 device(s) of nvidia.com/gpu "
+        "on this node (0); it is not shared",
+    )

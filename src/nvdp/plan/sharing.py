@@ -115,6 +115,8 @@ def apply_sharing(
             if entry.replicas <= 1:
                 continue  # `replicas: 1` switches sharing off for this resource
             selected = _select(entry.devices, devices, label, entry.name, warnings)
+            if not selected:
+                continue  # every ref missed; _select said which
             for device in selected:
                 if device.base_id in claimed:
                     raise PlanError(
