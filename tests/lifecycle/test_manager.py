@@ -1,0 +1,262 @@
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from nvdp.config.model import Config, Flags, PluginFlags
+from nvdp.inventory.model import Inventory
+from nvdp.plan.model import Plan, PlannedDevice, PlannedResource
+from nvdp.plugin.manager import PlanDiff, PluginManager, diff_plans
+
+from .fakes import gpu, inventory
+
+LOG = logging.getLogger("test.manager")
+
+
+def device(gpu_index: int, replica: int | None = None) -> PlannedDevice:
+    base = f"GPU-{gpu_index}"
+    return PlannedDevice(
+        id=base if replica is None else f"{base}::{replica}",
+        base_id=base,
+        index=str(gpu_index),
+        gpu_uuids=(base,),
+        gpu_indices=(gpu_index,),
+        minors=(gpu_index,),
+        numa_node=None,
+        memory_bytes=1,
+        replica=replica,
+    )
+
+
+def resource(name: str, *devices: PlannedDevice, sharing: str = "none") -> PlannedResource:
+    return PlannedResource(name=name, devices=devices, sharing=sharing)  # type: ignore[arg-type]
+
+
+class FakeServer:
+    def __init__(self, resource: PlannedResource, config: Config, inv: Inventory, log: logging.Logger,
+                 book: Book) -> None:
+        self.resource = resource
+        self.config = config
+        directory = Path(config.flags.plugin.device_plugin_path)
+        self.socket_path = str(directory / f"nvidia-{resource.short_name}.sock")
+        self.book = book
+        self.started = self.stopped = False
+        self.registrations = 0
+        self.updates: list[PlannedResource] = []
+
+    def start(self) -> None:
+        if self.resource.name in self.book.fail_start:
+            raise RuntimeError("socket directory missing")
+        self.started = True
+        Path(self.socket_path).write_text("")
+
+    def register(self, kubelet_socket: str, timeout: float = 5.0) -> None:
+        if not Path(kubelet_socket).exists():
+            raise RuntimeError(f"no kubelet socket at {kubelet_socket}")
+        self.registrations += 1
+
+    def update(self, resource: PlannedResource) -> None:
+        self.resource = resource
+        self.updates.append(resource)
+
+    def stop(self) -> None:
+        self.stopped = True
+        Path(self.socket_path).unlink(missing_ok=True)
+
+
+class Book:
+    def __init__(self) -> None:
+        self.servers: list[FakeServer] = []
+        self.fail_start: set[str] = set()
+
+    def factory(
+        self, resource: PlannedResource, config: Config, inv: Inventory, log: logging.Logger
+    ) -> FakeServer:
+        server = FakeServer(resource, config, inv, log, self)
+        self.servers.append(server)
+        return server
+
+    def live(self) -> dict[str, FakeServer]:
+        return {s.resource.name: s for s in self.servers if s.started and not s.stopped}
+
+
+def make_config(tmp_path: Path, **plugin: object) -> Config:
+    return Config(flags=Flags(plugin=PluginFlags(device_plugin_path=str(tmp_path), **plugin)))  # type: ignore[arg-type]
+
+
+def no_gate(resource: PlannedResource, config: Config, log: logging.Logger) -> None:
+    return None
+
+
+@pytest.fixture
+def book() -> Book:
+    return Book()
+
+
+def manager(tmp_path: Path, book: Book, config: Config | None = None) -> PluginManager:
+    return PluginManager(config or make_config(tmp_path), inventory(gpu(0), gpu(1)), LOG,
+                         server_factory=book.factory, gate_factory=no_gate, retry_interval_s=0.01)
+
+
+GPU = resource("nvidia.com/gpu", device(0), device(1))
+SHARED = resource("nvidia.com/gpu.shared", device(0, 0), device(0, 1), device(1, 0), device(1, 1),
+                  sharing="time-slicing")
+
+
+def test_diff_plans() -> None:
+    old = Plan(resources=(GPU, resource("nvidia.com/a", device(0))))
+    new = Plan(resources=(GPU, resource("nvidia.com/a", device(1)), SHARED))
+    assert diff_plans(old, new) == PlanDiff(added=("nvidia.com/gpu.shared",), changed=("nvidia.com/a",),
+                                            unchanged=("nvidia.com/gpu",))
+    assert diff_plans(old, Plan(resources=(GPU,)), settings_changed=True) == PlanDiff(
+        removed=("nvidia.com/a",), restarted=("nvidia.com/gpu",))
+    assert diff_plans(old, new).describe() == (
+        "added nvidia.com/gpu.shared; updated nvidia.com/a; unchanged nvidia.com/gpu")
+
+
+def test_apply_starts_and_registers(tmp_path: Path, book: Book) -> None:
+    (tmp_path / "kubelet.sock").write_text("")
+    m = manager(tmp_path, book)
+    m.apply(Plan(resources=(GPU, SHARED)))
+    assert set(book.live()) == {"nvidia.com/gpu", "nvidia.com/gpu.shared"}
+    assert m.registered == {"nvidia.com/gpu", "nvidia.com/gpu.shared"}
+    m.stop()
+    assert book.live() == {}
+    assert list(tmp_path.glob("nvidia-*")) == []
+
+
+def test_reapply_keeps_unchanged_servers(tmp_path: Path, book: Book) -> None:
+    (tmp_path / "kubelet.sock").write_text("")
+    m = manager(tmp_path, book)
+    m.apply(Plan(resources=(GPU,)))
+    first = book.live()["nvidia.com/gpu"]
+    diff = m.apply(Plan(resources=(GPU, SHARED)), config=replace(m.config, source="/new.yaml"))
+    assert diff.unchanged == ("nvidia.com/gpu",) and diff.added == ("nvidia.com/gpu.shared",)
+    assert book.live()["nvidia.com/gpu"] is first
+    assert first.registrations == 1 and first.updates == []
+    diff = m.apply(Plan(resources=(SHARED,)))
+    assert diff.removed == ("nvidia.com/gpu",) and first.stopped
+    m.stop()
+
+
+def test_settings_change_restarts_servers(tmp_path: Path, book: Book) -> None:
+    (tmp_path / "kubelet.sock").write_text("")
+    m = manager(tmp_path, book)
+    m.apply(Plan(resources=(GPU,)))
+    first = book.live()["nvidia.com/gpu"]
+    config = make_config(tmp_path, device_list_strategy=("volume-mounts",))
+    diff = m.apply(Plan(resources=(GPU,)), config=config)
+    assert diff.restarted == ("nvidia.com/gpu",)
+    assert first.stopped and book.live()["nvidia.com/gpu"].config is config
+    m.stop()
+
+
+def test_unhealthy_marks_every_replica_of_the_gpu(tmp_path: Path, book: Book,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "kubelet.sock").write_text("")
+    m = manager(tmp_path, book)
+    m.apply(Plan(resources=(GPU, SHARED)))
+    m.mark_unhealthy(frozenset({"GPU-1"}), "XID 79 (GPU has fallen off the bus)")
+    shared = book.live()["nvidia.com/gpu.shared"].resource
+    assert [(d.id, d.healthy) for d in shared.devices] == [
+        ("GPU-0::0", True), ("GPU-0::1", True), ("GPU-1::0", False), ("GPU-1::1", False)]
+    assert "nvidia.com/gpu.shared: 2 device(s) marked unhealthy (XID 79 (GPU has fallen off the bus)): " \
+        "GPU-1::0, GPU-1::1" in caplog.messages
+    # A re-plan is the recovery path: the new plan's devices are healthy again.
+    m.apply(Plan(resources=(GPU, SHARED)))
+    assert all(d.healthy for d in book.live()["nvidia.com/gpu.shared"].resource.devices)
+    m.stop()
+
+
+def test_kubelet_started_later_is_retried_with_one_log_line(tmp_path: Path, book: Book,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    m = manager(tmp_path, book)
+    m.apply(Plan(resources=(GPU,)))
+    assert m.registered == frozenset()
+    m.process_pending()
+    m.process_pending()
+    waiting = [r for r in caplog.messages if "not registered with the kubelet yet" in r]
+    kubelet = f"{tmp_path}/kubelet.sock"
+    assert waiting == [f"nvidia.com/gpu: not registered with the kubelet yet: no kubelet socket at "
+                       f"{kubelet}; retrying every 0.01s and when {kubelet} appears"]
+    (tmp_path / "kubelet.sock").write_text("")
+    m.kubelet_restarted()
+    assert m.registered == {"nvidia.com/gpu"}
+    m.stop()
+
+
+def test_kubelet_restart_reregisters_and_restarts_removed_sockets(tmp_path: Path, book: Book) -> None:
+    (tmp_path / "kubelet.sock").write_text("")
+    m = manager(tmp_path, book)
+    m.apply(Plan(resources=(GPU, SHARED)))
+    gpu_server = book.live()["nvidia.com/gpu"]
+    shared_server = book.live()["nvidia.com/gpu.shared"]
+    Path(shared_server.socket_path).unlink()
+    m.kubelet_restarted()
+    assert gpu_server.registrations == 2 and not gpu_server.stopped
+    assert shared_server.stopped
+    assert book.live()["nvidia.com/gpu.shared"].registrations == 1
+    m.stop()
+
+
+def test_failed_start_is_retried_in_background(tmp_path: Path, book: Book) -> None:
+    (tmp_path / "kubelet.sock").write_text("")
+    book.fail_start.add("nvidia.com/gpu")
+    m = manager(tmp_path, book)
+    m.apply(Plan(resources=(GPU,)))
+    assert m.pending()
+    m.start_background()
+    book.fail_start.clear()
+    for _ in range(500):
+        if not m.pending():
+            break
+        threading.Event().wait(0.01)
+    assert m.registered == {"nvidia.com/gpu"}
+    m.stop()
+
+
+class FakeGate:
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.closed = threading.Event()
+        self.on_change: list[object] = []
+
+    def wait_until_ready(self, stop: threading.Event | None = None) -> bool:
+        while not self.closed.is_set():
+            if self.ready.wait(0.01):
+                return True
+        return False
+
+    def watch(self, on_change: object, ready: bool = True) -> None:
+        self.on_change.append(on_change)
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_gated_resource_waits_then_follows_readiness(tmp_path: Path, book: Book) -> None:
+    (tmp_path / "kubelet.sock").write_text("")
+    gate = FakeGate()
+    mps = replace(SHARED, name="nvidia.com/gpu", sharing="mps")
+    m = PluginManager(make_config(tmp_path), inventory(gpu(0), gpu(1)), LOG, server_factory=book.factory,
+                      gate_factory=lambda r, c, lg: gate, retry_interval_s=0.01)
+    m.start_background()
+    m.apply(Plan(resources=(mps,)))
+    assert book.live() == {}
+    gate.ready.set()
+    for _ in range(500):
+        if m.registered:
+            break
+        threading.Event().wait(0.01)
+    assert m.registered == {"nvidia.com/gpu"}
+    (on_change,) = gate.on_change
+    on_change(False)  # type: ignore[operator]
+    assert not any(d.healthy for d in book.live()["nvidia.com/gpu"].resource.devices)
+    on_change(True)  # type: ignore[operator]
+    assert all(d.healthy for d in book.live()["nvidia.com/gpu"].resource.devices)
+    m.stop()
+    assert gate.closed.wait(5)
