@@ -1,0 +1,166 @@
+"""The stand-in NVML: build libnvidia-ml.so.1 from nvml_sim.c and drive a simulated node.
+
+    with NodeSim("t4", tmp_path / "state") as node:
+        subprocess.run([...], env={**os.environ, **node.env})   # real pynvml sees the profile's GPUs
+        node.inject_xid(uuid, 48)                               # delivered by nvmlEventSetWait
+        node.lose_gpu(uuid)                                     # GPU_IS_LOST from then on, plus XID 79
+
+Run-time state lives in the state directory so that other processes (the plugin, the MPS daemon, a CLI)
+see the same node: `lost/<uuid>` markers, `compute-mode/<uuid>`, and the append-only `events` file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import TracebackType
+
+from nvdp.inventory.model import Inventory
+from nvdp.inventory.profile import load_profile
+
+SIM_DIR = Path(__file__).resolve().parent
+REPO_ROOT = SIM_DIR.parent.parent
+PROFILES_DIR = SIM_DIR.parent / "profiles"
+BUILD_DIR = REPO_ROOT / ".build" / "nvml-sim"
+LIBRARY_NAME = "libnvidia-ml.so.1"
+SOURCES = ("nvml_sim.c", "json.c", "json.h")
+XID_GPU_FELL_OFF_BUS = 79
+
+
+class BuildError(RuntimeError):
+    """The stand-in library could not be compiled."""
+
+
+def _compile_command(output: Path) -> list[str]:
+    return [
+        os.environ.get("CC", "gcc"), "-O2", "-Wall", "-shared", "-fPIC", "-fvisibility=hidden",
+        f"-DNVML_SIM_TO_JSON=\"{SIM_DIR / 'to_json.py'}\"", f"-Wl,-soname,{LIBRARY_NAME}",
+        "-o", str(output), str(SIM_DIR / "nvml_sim.c"), str(SIM_DIR / "json.c"), "-lpthread",
+    ]  # fmt: skip
+
+
+def build_library(force: bool = False) -> Path:
+    """Compile the stand-in into .build/nvml-sim/libnvidia-ml.so.1 unless it is up to date; returns its path.
+
+    A file lock serialises parallel test processes; the library is replaced atomically so processes that
+    already loaded the old one keep working.
+    """
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    target = BUILD_DIR / LIBRARY_NAME
+    digest = hashlib.sha256()
+    for name in SOURCES:
+        digest.update((SIM_DIR / name).read_bytes())
+    digest.update(" ".join(_compile_command(target)).encode())
+    stamp = BUILD_DIR / "source.sha256"
+    with open(BUILD_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and target.exists() and stamp.exists() and stamp.read_text() == digest.hexdigest():
+            return target
+        partial = BUILD_DIR / f"{LIBRARY_NAME}.{os.getpid()}.tmp"
+        result = subprocess.run(_compile_command(partial), capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            partial.unlink(missing_ok=True)
+            raise BuildError(f"compiling the stand-in NVML failed:\n{result.stderr}")
+        os.replace(partial, target)
+        stamp.write_text(digest.hexdigest())
+    return target
+
+
+def resolve_profile(profile: str | Path) -> Path:
+    """A path as given, or a profile shipped in sim/profiles by name ("t4", "a100-sxm-8.yaml")."""
+    path = Path(profile)
+    if path.exists():
+        return path.resolve()
+    for candidate in (PROFILES_DIR / path.name, PROFILES_DIR / f"{path.name}.yaml"):
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"no node profile {profile!r} (shipped profiles: {', '.join(list_profiles())})")
+
+
+def list_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def _append_event(state_dir: Path, uuid: str, xid: int) -> None:
+    # One write of a whole line with O_APPEND: readers never see half an event.
+    fd = os.open(state_dir / "events", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, f"{uuid} {xid}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def inject_xid(state_dir: Path, uuid: str, xid: int) -> None:
+    """Deliver an XID event for a GPU or MIG device to every process using this state directory."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    _append_event(state_dir, uuid, xid)
+
+
+def lose_gpu(state_dir: Path, uuid: str) -> None:
+    """Make a GPU fall off the bus: its calls return GPU_IS_LOST and an XID 79 event is delivered."""
+    lost = state_dir / "lost"
+    lost.mkdir(parents=True, exist_ok=True)
+    (lost / uuid).touch()
+    _append_event(state_dir, uuid, XID_GPU_FELL_OFF_BUS)
+
+
+def read_compute_mode(state_dir: Path, uuid: str, default: str = "DEFAULT") -> str:
+    try:
+        return (state_dir / "compute-mode" / uuid).read_text().strip() or default
+    except FileNotFoundError:
+        return default
+
+
+class NodeSim:
+    """A simulated node: a profile plus a state directory, and the environment that points NVML at them."""
+
+    def __init__(self, profile: str | Path, state_dir: Path) -> None:
+        self.profile = resolve_profile(profile)
+        self.inventory: Inventory = load_profile(self.profile)
+        self.state_dir = Path(state_dir).resolve()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.library = build_library()
+
+    def __enter__(self) -> NodeSim:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Variables to add to a subprocess's environment so its pynvml loads the stand-in for this node."""
+        ld_path = os.environ.get("LD_LIBRARY_PATH", "")
+        return {
+            "LD_LIBRARY_PATH": f"{self.library.parent}:{ld_path}" if ld_path else str(self.library.parent),
+            "NVML_SIM_PROFILE": str(self.profile),
+            "NVML_SIM_STATE_DIR": str(self.state_dir),
+            "NVML_SIM_PYTHON": sys.executable,
+        }
+
+    def _known(self, uuid: str) -> None:
+        for gpu in self.inventory.gpus:
+            if uuid == gpu.uuid or any(m.uuid == uuid for m in gpu.mig_devices):
+                return
+        raise ValueError(f"{uuid} is not a GPU or MIG device of node profile {self.profile.name}")
+
+    def inject_xid(self, uuid: str, xid: int) -> None:
+        self._known(uuid)
+        inject_xid(self.state_dir, uuid, xid)
+
+    def lose_gpu(self, uuid: str) -> None:
+        self._known(uuid)
+        if self.inventory.gpu(uuid) is None:
+            raise ValueError(f"{uuid} is a MIG device; only a whole GPU can fall off the bus")
+        lose_gpu(self.state_dir, uuid)
+
+    def compute_mode(self, uuid: str) -> str:
+        """The compute mode last set through NVML by any process ("DEFAULT", "EXCLUSIVE_PROCESS", ...)."""
+        self._known(uuid)
+        return read_compute_mode(self.state_dir, uuid)

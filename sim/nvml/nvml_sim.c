@@ -1,0 +1,1064 @@
+/*
+ * A stand-in libnvidia-ml.so.1 driven by a node profile, so that the real NVML bindings (pynvml) can be
+ * exercised on machines without NVIDIA GPUs.
+ *
+ * Environment:
+ *   NVML_SIM_PROFILE    node profile (JSON, or YAML converted once at init by NVML_SIM_PYTHON running
+ *                       to_json.py); unset -> nvmlInit returns NVML_ERROR_DRIVER_NOT_LOADED.
+ *   NVML_SIM_STATE_DIR  run-time state shared between processes: lost/<uuid> markers, compute-mode/<uuid>,
+ *                       and the append-only `events` file ("<uuid> <xid>" per line).
+ *   NVML_SIM_FAIL_INIT  make nvmlInit fail: driver_not_loaded, lib_rm_version_mismatch, no_permission,
+ *                       unknown, or a numeric NVML return code.
+ *   NVML_SIM_PYTHON     interpreter used for YAML profiles (default python3).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "json.h"
+
+#ifndef NVML_SIM_TO_JSON
+#define NVML_SIM_TO_JSON "to_json.py"
+#endif
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_MEMORY = 20,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+#define MAX_GPUS 64
+#define MAX_MIG 7
+#define MAX_LINKS 36
+#define EV_XID 0x8ULL
+#define EV_SUPPORTED (0x1ULL | 0x2ULL | 0x8ULL) /* single/double bit ECC, XID critical error */
+#define NO_ID 0xFFFFFFFFu
+
+typedef struct sim_handle {
+    unsigned magic;
+    int gpu; /* index into g.gpus */
+    int mig; /* -1 for a full GPU */
+} sim_handle;
+typedef sim_handle *nvmlDevice_t;
+
+typedef struct {
+    sim_handle h;
+    char uuid[96];
+    char profile[32];
+    unsigned gi, ci;
+    unsigned long long mem;
+} sim_mig;
+
+typedef struct {
+    sim_handle h;
+    char uuid[96];
+    char name[96];
+    char bus_id[32];
+    unsigned long long mem;
+    int cc_major, cc_minor;
+    unsigned minor;
+    int numa; /* -1: not reported */
+    int mig_capable, mig_enabled, mig_pending;
+    int n_mig;
+    sim_mig mig[MAX_MIG];
+    int n_links;
+    int link_remote[MAX_LINKS]; /* GPU index, or -1 for an NVSwitch */
+    int compute_mode;           /* used when no state dir is set */
+    int events_supported;
+} sim_gpu;
+
+#define HANDLE_MAGIC 0x4e564d4cu
+#define EVSET_MAGIC 0x45565354u
+
+static struct {
+    pthread_mutex_t lock;
+    int refcount;
+    char driver[80];
+    int cuda_version; /* 12040 for 12.4 */
+    int n;
+    sim_gpu gpus[MAX_GPUS];
+    int pcie[MAX_GPUS][MAX_GPUS];
+    char state_dir[1024];
+    long events_start; /* size of the events file when NVML was first initialized */
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* ---------------------------------------------------------------- profile loading */
+
+static char load_err[512];
+
+__attribute__((format(printf, 1, 2))) static int perr(const char *fmt, ...) {
+    if (!load_err[0]) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(load_err, sizeof load_err, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static char *read_all(int fd) {
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) return NULL;
+    for (;;) {
+        if (n == cap) {
+            cap *= 2;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb) {
+                free(buf);
+                return NULL;
+            }
+            buf = nb;
+        }
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+/* YAML is turned into JSON by a small Python script rather than parsed here. */
+static char *yaml_to_json(const char *path) {
+    const char *py = getenv("NVML_SIM_PYTHON");
+    const char *script = getenv("NVML_SIM_TO_JSON");
+    if (!py || !*py) py = "python3";
+    if (!script || !*script) script = NVML_SIM_TO_JSON;
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) < 0) return NULL;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return NULL;
+    }
+    if (pid == 0) {
+        dup2(fds[1], STDOUT_FILENO);
+        execlp(py, py, script, path, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char *out = read_all(fds[0]);
+    close(fds[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        snprintf(load_err, sizeof load_err, "%s %s %s failed (exit status %d)", py, script, path,
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+static int get_str(const jvalue *obj, const char *key, char *dst, size_t len, const char *where, int i) {
+    const jvalue *v = json_get(obj, key);
+    if (!v || v->type != J_STR) {
+        char what[128];
+        snprintf(what, sizeof what, "%s.%s", where, key);
+        return perr("%s[%d]: missing or not a string", what, i);
+    }
+    snprintf(dst, len, "%s", v->str);
+    return 0;
+}
+
+static int get_num(const jvalue *obj, const char *key, double *dst, int required, const char *where, int i) {
+    const jvalue *v = json_get(obj, key);
+    if (!v || v->type == J_NULL) {
+        if (!required) return 1;
+        char what[128];
+        snprintf(what, sizeof what, "%s.%s", where, key);
+        return perr("%s[%d]: missing", what, i);
+    }
+    if (v->type != J_NUM && v->type != J_BOOL) {
+        char what[128];
+        snprintf(what, sizeof what, "%s.%s", where, key);
+        return perr("%s[%d]: not a number", what, i);
+    }
+    *dst = v->num;
+    return 0;
+}
+
+static int level_value(const char *name) {
+    static const char *names[] = {"internal", "single", "multiple", "hostbridge", "node", "system"};
+    for (int i = 0; i < 6; i++)
+        if (strcmp(name, names[i]) == 0) return i * 10;
+    return -1;
+}
+
+static int compute_mode_value(const char *name) {
+    if (strcmp(name, "DEFAULT") == 0) return 0;
+    if (strcmp(name, "EXCLUSIVE_THREAD") == 0) return 1;
+    if (strcmp(name, "PROHIBITED") == 0) return 2;
+    if (strcmp(name, "EXCLUSIVE_PROCESS") == 0) return 3;
+    return -1;
+}
+
+static const char *compute_mode_name(int mode) {
+    static const char *names[] = {"DEFAULT", "EXCLUSIVE_THREAD", "PROHIBITED", "EXCLUSIVE_PROCESS"};
+    return mode >= 0 && mode < 4 ? names[mode] : "DEFAULT";
+}
+
+static int add_link(int a, int b) {
+    sim_gpu *ga = &g.gpus[a];
+    if (ga->n_links >= MAX_LINKS) return perr("nvlinks: GPU %d has more than 36 NVLink links", a);
+    ga->link_remote[ga->n_links++] = b;
+    return 0;
+}
+
+static int load_gpu(const jvalue *jg, int i) {
+    sim_gpu *gp = &g.gpus[i];
+    double d;
+    memset(gp, 0, sizeof *gp);
+    gp->h = (sim_handle){HANDLE_MAGIC, i, -1};
+    gp->numa = -1;
+    gp->events_supported = 1;
+    if (jg->type != J_OBJ) return perr("%s[%d]: not a mapping", "gpus", i);
+    if (get_str(jg, "uuid", gp->uuid, sizeof gp->uuid, "gpus", i) < 0) return -1;
+    if (get_str(jg, "name", gp->name, sizeof gp->name, "gpus", i) < 0) return -1;
+    if (get_str(jg, "pci_bus_id", gp->bus_id, sizeof gp->bus_id, "gpus", i) < 0) return -1;
+    if (get_num(jg, "memory_mib", &d, 1, "gpus", i) < 0) return -1;
+    gp->mem = (unsigned long long)d * 1024ULL * 1024ULL;
+    char cc[16];
+    if (get_str(jg, "compute_capability", cc, sizeof cc, "gpus", i) < 0) return -1;
+    if (sscanf(cc, "%d.%d", &gp->cc_major, &gp->cc_minor) != 2)
+        return perr("gpus[%d].compute_capability: expected \"major.minor\"", i);
+    if (get_num(jg, "minor", &d, 1, "gpus", i) < 0) return -1;
+    gp->minor = (unsigned)d;
+    if (get_num(jg, "numa_node", &d, 0, "gpus", i) == 0) gp->numa = (int)d;
+    if (get_num(jg, "mig_capable", &d, 0, "gpus", i) == 0) gp->mig_capable = (int)d;
+    if (get_num(jg, "mig_enabled", &d, 0, "gpus", i) == 0) gp->mig_enabled = (int)d;
+    gp->mig_pending = gp->mig_enabled;
+    if (get_num(jg, "mig_pending", &d, 0, "gpus", i) == 0) gp->mig_pending = (int)d;
+    if (get_num(jg, "xid_events", &d, 0, "gpus", i) == 0) gp->events_supported = (int)d;
+    const jvalue *cm = json_get(jg, "compute_mode");
+    if (cm && cm->type == J_STR) {
+        gp->compute_mode = compute_mode_value(cm->str);
+        if (gp->compute_mode < 0) return perr("gpus[%d].compute_mode: unknown mode", i);
+    }
+    const jvalue *migs = json_get(jg, "mig_devices");
+    if (migs && migs->type == J_ARR) {
+        if (migs->len > MAX_MIG) return perr("gpus[%d].mig_devices: more than 7", i);
+        for (size_t j = 0; j < migs->len; j++) {
+            const jvalue *jm = &migs->items[j];
+            sim_mig *m = &gp->mig[j];
+            m->h = (sim_handle){HANDLE_MAGIC, i, (int)j};
+            if (get_str(jm, "uuid", m->uuid, sizeof m->uuid, "mig_devices", (int)j) < 0) return -1;
+            if (get_str(jm, "profile", m->profile, sizeof m->profile, "mig_devices", (int)j) < 0) return -1;
+            if (get_num(jm, "gi_id", &d, 1, "mig_devices", (int)j) < 0) return -1;
+            m->gi = (unsigned)d;
+            if (get_num(jm, "ci_id", &d, 1, "mig_devices", (int)j) < 0) return -1;
+            m->ci = (unsigned)d;
+            if (get_num(jm, "memory_mib", &d, 1, "mig_devices", (int)j) < 0) return -1;
+            m->mem = (unsigned long long)d * 1024ULL * 1024ULL;
+        }
+        gp->n_mig = (int)migs->len;
+    }
+    return 0;
+}
+
+static int int_list(const jvalue *v, int *out, int max) {
+    if (!v || v->type != J_ARR || (int)v->len > max) return -1;
+    for (size_t k = 0; k < v->len; k++) {
+        if (v->items[k].type != J_NUM) return -1;
+        out[k] = (int)v->items[k].num;
+        if (out[k] < 0 || out[k] >= g.n) return -1;
+    }
+    return (int)v->len;
+}
+
+static int load_topology(const jvalue *root) {
+    int ids[MAX_GPUS];
+    const jvalue *pcie = json_get(root, "pcie");
+    int def = 50;
+    const jvalue *groups = NULL;
+    if (pcie && pcie->type == J_OBJ) {
+        const jvalue *dv = json_get(pcie, "default");
+        if (dv && dv->type == J_STR && (def = level_value(dv->str)) < 0)
+            return perr("pcie.default: unknown level %s", dv->str);
+        groups = json_get(pcie, "groups");
+    }
+    for (int a = 0; a < g.n; a++)
+        for (int b = 0; b < g.n; b++) g.pcie[a][b] = a == b ? 0 : def;
+    for (size_t k = 0; groups && groups->type == J_ARR && k < groups->len; k++) {
+        const jvalue *gr = &groups->items[k];
+        int n = int_list(json_get(gr, "gpus"), ids, MAX_GPUS);
+        const jvalue *lv = json_get(gr, "level");
+        int level = lv && lv->type == J_STR ? level_value(lv->str) : -1;
+        if (n < 0 || level < 0) return perr("pcie.groups[%d]: needs gpus (indices) and a known level", (int)k);
+        for (int x = 0; x < n; x++)
+            for (int y = 0; y < n; y++)
+                if (ids[x] != ids[y]) g.pcie[ids[x]][ids[y]] = level;
+    }
+    const jvalue *links = json_get(root, "nvlinks");
+    for (size_t k = 0; links && links->type == J_ARR && k < links->len; k++) {
+        const jvalue *lk = &links->items[k];
+        double count;
+        int n = int_list(json_get(lk, "gpus"), ids, 2);
+        if (n != 2 || get_num(lk, "links", &count, 1, "nvlinks", (int)k) < 0)
+            return perr("nvlinks[%d]: needs gpus (two indices) and links", (int)k);
+        for (int c = 0; c < (int)count; c++)
+            if (add_link(ids[0], ids[1]) < 0 || add_link(ids[1], ids[0]) < 0) return -1;
+    }
+    const jvalue *sw = json_get(root, "nvswitch");
+    if (sw && sw->type == J_OBJ) {
+        double per_gpu;
+        if (get_num(sw, "links_per_gpu", &per_gpu, 1, "nvswitch", 0) < 0) return -1;
+        const jvalue *members = json_get(sw, "gpus");
+        int n = g.n;
+        if (members && members->type != J_NULL) {
+            n = int_list(members, ids, MAX_GPUS);
+            if (n < 0) return perr("nvswitch.gpus: expected GPU indices");
+        } else {
+            for (int x = 0; x < n; x++) ids[x] = x;
+        }
+        for (int x = 0; x < n; x++)
+            for (int c = 0; c < (int)per_gpu; c++)
+                if (add_link(ids[x], -1) < 0) return -1;
+    }
+    return 0;
+}
+
+static int load_profile(const char *path) {
+    char *text = NULL;
+    size_t plen = strlen(path);
+    if ((plen > 5 && strcmp(path + plen - 5, ".yaml") == 0) || (plen > 4 && strcmp(path + plen - 4, ".yml") == 0)) {
+        if (access(path, R_OK) != 0) return perr("cannot read profile %s", path);
+        text = yaml_to_json(path);
+    } else {
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return perr("cannot read profile %s", path);
+        text = read_all(fd);
+        close(fd);
+    }
+    if (!text) return perr("cannot convert profile %s", path);
+    char jerr[256];
+    jvalue *root = json_parse(text, jerr, sizeof jerr);
+    free(text);
+    if (!root) return perr("profile is not valid JSON: %s", jerr);
+    int rc = -1;
+    const jvalue *gpus = json_get(root, "gpus");
+    if (root->type != J_OBJ) {
+        perr("profile: top level must be a mapping");
+    } else if (get_str(root, "driver_version", g.driver, sizeof g.driver, "profile", 0) == 0) {
+        char cuda[16];
+        int maj = 0, min = 0;
+        if (get_str(root, "cuda_driver_version", cuda, sizeof cuda, "profile", 0) == 0 &&
+            sscanf(cuda, "%d.%d", &maj, &min) >= 1) {
+            g.cuda_version = maj * 1000 + min * 10;
+            g.n = 0;
+            if (gpus && gpus->type == J_ARR && gpus->len <= MAX_GPUS) {
+                rc = 0;
+                for (size_t i = 0; i < gpus->len && rc == 0; i++) {
+                    rc = load_gpu(&gpus->items[i], (int)i);
+                    g.n = (int)i + 1;
+                }
+                if (rc == 0) rc = load_topology(root);
+            } else {
+                perr("profile.gpus: missing, not a list, or more than 64 entries");
+            }
+        }
+    }
+    json_free(root);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- run-time state */
+
+static int state_path(char *dst, size_t len, const char *sub, const char *uuid) {
+    if (!g.state_dir[0]) return -1;
+    if (uuid)
+        snprintf(dst, len, "%s/%s/%s", g.state_dir, sub, uuid);
+    else
+        snprintf(dst, len, "%s/%s", g.state_dir, sub);
+    return 0;
+}
+
+static int gpu_lost(int i) {
+    char path[1200];
+    if (state_path(path, sizeof path, "lost", g.gpus[i].uuid) < 0) return 0;
+    return access(path, F_OK) == 0;
+}
+
+static long events_size(void) {
+    char path[1200];
+    struct stat st;
+    if (state_path(path, sizeof path, "events", NULL) < 0 || stat(path, &st) < 0) return 0;
+    return (long)st.st_size;
+}
+
+static int read_compute_mode(int i) {
+    char path[1200], buf[64] = {0};
+    if (state_path(path, sizeof path, "compute-mode", g.gpus[i].uuid) < 0) return g.gpus[i].compute_mode;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return g.gpus[i].compute_mode;
+    ssize_t r = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (r <= 0) return g.gpus[i].compute_mode;
+    buf[strcspn(buf, "\r\n")] = '\0';
+    int mode = compute_mode_value(buf);
+    return mode < 0 ? g.gpus[i].compute_mode : mode;
+}
+
+static int write_compute_mode(int i, int mode) {
+    char dir[1200], path[1300], tmp[1400];
+    if (state_path(dir, sizeof dir, "compute-mode", NULL) < 0) {
+        g.gpus[i].compute_mode = mode;
+        return 0;
+    }
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/%s", dir, g.gpus[i].uuid);
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    char line[64];
+    int n = snprintf(line, sizeof line, "%s\n", compute_mode_name(mode));
+    int ok = write(fd, line, (size_t)n) == n;
+    close(fd);
+    /* rename makes the change atomic for readers in other processes */
+    if (!ok || rename(tmp, path) < 0) {
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- init / shutdown */
+
+static int fail_init_code(void) {
+    const char *f = getenv("NVML_SIM_FAIL_INIT");
+    if (!f || !*f) return 0;
+    if (strcmp(f, "driver_not_loaded") == 0) return NVML_ERROR_DRIVER_NOT_LOADED;
+    if (strcmp(f, "lib_rm_version_mismatch") == 0) return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
+    if (strcmp(f, "no_permission") == 0) return NVML_ERROR_NO_PERMISSION;
+    if (strcmp(f, "unknown") == 0) return NVML_ERROR_UNKNOWN;
+    int code = atoi(f);
+    return code > 0 ? code : NVML_ERROR_UNKNOWN;
+}
+
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    int code = fail_init_code();
+    if (code) return code;
+    pthread_mutex_lock(&g.lock);
+    nvmlReturn_t ret = NVML_SUCCESS;
+    if (g.refcount == 0) {
+        const char *profile = getenv("NVML_SIM_PROFILE");
+        const char *state = getenv("NVML_SIM_STATE_DIR");
+        snprintf(g.state_dir, sizeof g.state_dir, "%s", state ? state : "");
+        if (!profile || !*profile || access(profile, F_OK) != 0) {
+            ret = NVML_ERROR_DRIVER_NOT_LOADED;
+        } else {
+            load_err[0] = '\0';
+            if (load_profile(profile) < 0) {
+                fprintf(stderr, "nvml-sim: %s: %s\n", profile, load_err);
+                ret = NVML_ERROR_UNKNOWN;
+            } else {
+                static int started;
+                if (!started) g.events_start = events_size();
+                started = 1;
+            }
+        }
+    }
+    if (ret == NVML_SUCCESS) g.refcount++;
+    pthread_mutex_unlock(&g.lock);
+    return ret;
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+EXPORT nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&g.lock);
+    nvmlReturn_t ret = g.refcount > 0 ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    if (g.refcount > 0) g.refcount--;
+    pthread_mutex_unlock(&g.lock);
+    return ret;
+}
+
+EXPORT const char *nvmlErrorString(nvmlReturn_t r) {
+    switch (r) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 5: return "Already Initialized";
+    case 6: return "Not Found";
+    case 7: return "Insufficient Size";
+    case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
+    case 12: return "NVML Shared Library Not Found";
+    case 13: return "Function Not Found";
+    case 15: return "GPU is lost";
+    case 18: return "RM has detected an NVML/RM version mismatch.";
+    case 20: return "Insufficient Memory";
+    default: return "Unknown Error";
+    }
+}
+
+/* ---------------------------------------------------------------- helpers for device calls */
+
+static int initialized(void) {
+    pthread_mutex_lock(&g.lock);
+    int ok = g.refcount > 0;
+    pthread_mutex_unlock(&g.lock);
+    return ok;
+}
+
+static int valid(nvmlDevice_t d) {
+    if (!d) return 0;
+    uintptr_t p = (uintptr_t)d;
+    if (p < (uintptr_t)&g.gpus[0] || p >= (uintptr_t)&g.gpus[MAX_GPUS]) return 0;
+    return d->magic == HANDLE_MAGIC && d->gpu >= 0 && d->gpu < g.n && d->mig < g.gpus[d->gpu].n_mig;
+}
+
+/* Common entry check: initialized, a handle of ours, and (when `needs_gpu`) a GPU still on the bus. */
+static nvmlReturn_t check(nvmlDevice_t d, int needs_gpu) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!valid(d)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (needs_gpu && gpu_lost(d->gpu)) return NVML_ERROR_GPU_IS_LOST;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t copy_str(char *dst, unsigned len, const char *src) {
+    if (!dst) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, strlen(src) + 1);
+    return NVML_SUCCESS;
+}
+
+#define GPU(d) (&g.gpus[(d)->gpu])
+#define MIG(d) (&g.gpus[(d)->gpu].mig[(d)->mig])
+#define IS_MIG(d) ((d)->mig >= 0)
+
+/* ---------------------------------------------------------------- system queries */
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    return copy_str(version, length, g.driver);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    char v[96];
+    snprintf(v, sizeof v, "%d.%s", g.cuda_version / 1000, g.driver);
+    return copy_str(version, length, v);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    *version = g.cuda_version;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) { return nvmlSystemGetCudaDriverVersion(version); }
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = (unsigned)g.n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
+
+/* ---------------------------------------------------------------- handles */
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!device || index >= (unsigned)g.n) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &g.gpus[index].h;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < g.n; i++) {
+        if (strcmp(g.gpus[i].uuid, uuid) == 0) {
+            *device = &g.gpus[i].h;
+            return NVML_SUCCESS;
+        }
+        for (int j = 0; j < g.gpus[i].n_mig; j++)
+            if (strcmp(g.gpus[i].mig[j].uuid, uuid) == 0) {
+                *device = &g.gpus[i].mig[j].h;
+                return NVML_SUCCESS;
+            }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *device) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!bus_id || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < g.n; i++)
+        if (strcasecmp(g.gpus[i].bus_id, bus_id) == 0) {
+            *device = &g.gpus[i].h;
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* ---------------------------------------------------------------- identity: answered even for a lost GPU,
+ * so that a health loop can still name the device an XID 79 event came from. */
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int length) {
+    nvmlReturn_t r = check(d, 0);
+    if (r) return r;
+    return copy_str(uuid, length, IS_MIG(d) ? MIG(d)->uuid : GPU(d)->uuid);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index) {
+    nvmlReturn_t r = check(d, 0);
+    if (r) return r;
+    if (!index) return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned)(IS_MIG(d) ? d->mig : d->gpu);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int length) {
+    nvmlReturn_t r = check(d, 0);
+    if (r) return r;
+    if (!IS_MIG(d)) return copy_str(name, length, GPU(d)->name);
+    char full[160];
+    snprintf(full, sizeof full, "%s MIG %s", GPU(d)->name, MIG(d)->profile);
+    return copy_str(name, length, full);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor) {
+    nvmlReturn_t r = check(d, 0);
+    if (r) return r;
+    if (!minor) return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = GPU(d)->minor;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+static void fill_pci(nvmlPciInfo_t *pci, const char *bus_id) {
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busId, sizeof pci->busId, "%s", bus_id);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%s", bus_id + (strlen(bus_id) > 12 ? 4 : 0));
+    sscanf(bus_id, "%x:%x:%x", &pci->domain, &pci->bus, &pci->device);
+    pci->pciDeviceId = 0x10de0000u; /* NVIDIA's vendor id in the low half is what tools check */
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci) {
+    nvmlReturn_t r = check(d, 0);
+    if (r) return r;
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    fill_pci(pci, GPU(d)->bus_id);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t d, nvmlPciInfo_t *pci) { return nvmlDeviceGetPciInfo_v3(d, pci); }
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t d, nvmlPciInfo_t *pci) { return nvmlDeviceGetPciInfo_v3(d, pci); }
+
+/* ---------------------------------------------------------------- properties */
+
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+static unsigned long long mem_of(nvmlDevice_t d) { return IS_MIG(d) ? MIG(d)->mem : GPU(d)->mem; }
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    m->total = m->free = mem_of(d);
+    m->used = 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    m->total = m->free = mem_of(d);
+    m->reserved = m->used = 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!major || !minor) return NVML_ERROR_INVALID_ARGUMENT;
+    *major = GPU(d)->cc_major;
+    *minor = GPU(d)->cc_minor;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t d, unsigned int *node) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!node) return NVML_ERROR_INVALID_ARGUMENT;
+    if (GPU(d)->numa < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *node = (unsigned)GPU(d)->numa;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, int *brand) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!brand) return NVML_ERROR_INVALID_ARGUMENT;
+    *brand = strstr(GPU(d)->name, "Tesla") ? 2 : 13; /* NVML_BRAND_TESLA, NVML_BRAND_NVIDIA */
+    return NVML_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- MIG */
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    if (IS_MIG(d) || !GPU(d)->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    *current = (unsigned)GPU(d)->mig_enabled;
+    *pending = (unsigned)GPU(d)->mig_pending;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (IS_MIG(d) || !GPU(d)->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    *count = MAX_MIG;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *mig) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!mig || IS_MIG(d)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!GPU(d)->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    if (index >= MAX_MIG) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!GPU(d)->mig_enabled || index >= (unsigned)GPU(d)->n_mig) return NVML_ERROR_NOT_FOUND;
+    *mig = &GPU(d)->mig[index].h;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t d, nvmlDevice_t *parent) {
+    nvmlReturn_t r = check(d, 0);
+    if (r) return r;
+    if (!parent || !IS_MIG(d)) return NVML_ERROR_INVALID_ARGUMENT;
+    *parent = &GPU(d)->h;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is_mig) {
+    nvmlReturn_t r = check(d, 0);
+    if (r) return r;
+    if (!is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    *is_mig = IS_MIG(d) ? 1u : 0u;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!id) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!IS_MIG(d)) return NVML_ERROR_NOT_SUPPORTED;
+    *id = MIG(d)->gi;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!id) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!IS_MIG(d)) return NVML_ERROR_NOT_SUPPORTED;
+    *id = MIG(d)->ci;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount,
+        sharedJpegCount, sharedOfaCount, gpuInstanceSliceCount, computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t d, nvmlDeviceAttributes_t *a) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!a) return NVML_ERROR_INVALID_ARGUMENT;
+    memset(a, 0, sizeof *a);
+    unsigned slices = 7;
+    if (IS_MIG(d)) sscanf(MIG(d)->profile, "%ug", &slices);
+    a->gpuInstanceSliceCount = a->computeInstanceSliceCount = slices;
+    a->multiprocessorCount = slices * 16;
+    a->memorySizeMB = mem_of(d) / (1024ULL * 1024ULL);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t d, nvmlDeviceAttributes_t *a) { return nvmlDeviceGetAttributes_v2(d, a); }
+
+/* ---------------------------------------------------------------- topology */
+
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, int *level) {
+    nvmlReturn_t r = check(a, 1);
+    if (r || (r = check(b, 1))) return r;
+    if (!level) return NVML_ERROR_INVALID_ARGUMENT;
+    *level = g.pcie[a->gpu][b->gpu];
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t check_link(nvmlDevice_t d, unsigned link) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (IS_MIG(d)) return NVML_ERROR_NOT_SUPPORTED;
+    if (GPU(d)->n_links == 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, int *active) {
+    nvmlReturn_t r = check_link(d, link);
+    if (r) return r;
+    if (!active) return NVML_ERROR_INVALID_ARGUMENT;
+    *active = link < (unsigned)GPU(d)->n_links;
+    return NVML_SUCCESS;
+}
+
+static void switch_bus_id(char *dst, size_t len, unsigned link) {
+    /* six NVSwitches, links spread across them as on HGX boards */
+    snprintf(dst, len, "00000000:%02X:00.0", 0xC1 + (link % 6));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int link, nvmlPciInfo_t *pci) {
+    nvmlReturn_t r = check_link(d, link);
+    if (r) return r;
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    if (link >= (unsigned)GPU(d)->n_links) return NVML_ERROR_NOT_SUPPORTED;
+    int remote = GPU(d)->link_remote[link];
+    if (remote >= 0) {
+        fill_pci(pci, g.gpus[remote].bus_id);
+    } else {
+        char bus[32];
+        switch_bus_id(bus, sizeof bus, link);
+        fill_pci(pci, bus);
+    }
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t d, unsigned int link, nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetNvLinkRemotePciInfo_v2(d, link, pci);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t d, unsigned int link, int *type) {
+    nvmlReturn_t r = check_link(d, link);
+    if (r) return r;
+    if (!type) return NVML_ERROR_INVALID_ARGUMENT;
+    if (link >= (unsigned)GPU(d)->n_links) return NVML_ERROR_NOT_SUPPORTED;
+    *type = GPU(d)->link_remote[link] >= 0 ? 0 : 2; /* NVML_NVLINK_DEVICE_TYPE_GPU / _SWITCH */
+    return NVML_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- compute mode */
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t d, int *mode) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+    if (IS_MIG(d)) return NVML_ERROR_NOT_SUPPORTED;
+    *mode = read_compute_mode(d->gpu);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t d, int mode) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (IS_MIG(d)) return NVML_ERROR_NOT_SUPPORTED;
+    if (mode < 0 || mode > 3) return NVML_ERROR_INVALID_ARGUMENT;
+    if (mode == 1) return NVML_ERROR_NOT_SUPPORTED; /* EXCLUSIVE_THREAD was removed from NVML */
+    return write_compute_mode(d->gpu, mode) == 0 ? NVML_SUCCESS : NVML_ERROR_NO_PERMISSION;
+}
+
+/* ---------------------------------------------------------------- events */
+
+typedef struct sim_event_set {
+    unsigned magic;
+    pthread_mutex_t lock;
+    long offset; /* next unread byte of the events file */
+    unsigned long long mask[MAX_GPUS];
+    int inotify_fd;
+} sim_event_set;
+typedef sim_event_set *nvmlEventSet_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    sim_event_set *s = calloc(1, sizeof *s);
+    if (!s) return NVML_ERROR_MEMORY;
+    s->magic = EVSET_MAGIC;
+    pthread_mutex_init(&s->lock, NULL);
+    s->offset = g.events_start;
+    s->inotify_fd = -1;
+    if (g.state_dir[0]) {
+        s->inotify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+        if (s->inotify_fd >= 0 &&
+            inotify_add_watch(s->inotify_fd, g.state_dir, IN_MODIFY | IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE) < 0) {
+            close(s->inotify_fd);
+            s->inotify_fd = -1;
+        }
+    }
+    *set = s;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!set || set->magic != EVSET_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    set->magic = 0;
+    if (set->inotify_fd >= 0) close(set->inotify_fd);
+    pthread_mutex_destroy(&set->lock);
+    free(set);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!types) return NVML_ERROR_INVALID_ARGUMENT;
+    if (IS_MIG(d) || !GPU(d)->events_supported) return NVML_ERROR_NOT_SUPPORTED;
+    *types = EV_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, nvmlEventSet_t set) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!set || set->magic != EVSET_MAGIC) return NVML_ERROR_INVALID_ARGUMENT;
+    if (IS_MIG(d) || !GPU(d)->events_supported) return NVML_ERROR_NOT_SUPPORTED;
+    if (types & ~EV_SUPPORTED) return NVML_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&set->lock);
+    set->mask[d->gpu] |= types;
+    pthread_mutex_unlock(&set->lock);
+    return NVML_SUCCESS;
+}
+
+/* Looks for the next registered event after set->offset; 1 when `data` was filled. */
+static int next_event(sim_event_set *s, nvmlEventData_t *data) {
+    char path[1200];
+    if (state_path(path, sizeof path, "events", NULL) < 0) return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    int found = 0;
+    pthread_mutex_lock(&s->lock);
+    if (lseek(fd, s->offset, SEEK_SET) == s->offset) {
+        char *text = read_all(fd);
+        char *line = text;
+        while (text && !found) {
+            char *nl = strchr(line, '\n');
+            if (!nl) break; /* a line still being written */
+            *nl = '\0';
+            s->offset += (long)(nl - line) + 1;
+            char uuid[96];
+            unsigned long long xid;
+            if (sscanf(line, "%95s %llu", uuid, &xid) == 2) {
+                for (int i = 0; i < g.n && !found; i++) {
+                    int mig = -1;
+                    if (strcmp(g.gpus[i].uuid, uuid) != 0) {
+                        for (int j = 0; j < g.gpus[i].n_mig; j++)
+                            if (strcmp(g.gpus[i].mig[j].uuid, uuid) == 0) mig = j;
+                        if (mig < 0) continue;
+                    }
+                    if (!(s->mask[i] & EV_XID)) break;
+                    data->device = &g.gpus[i].h;
+                    data->eventType = EV_XID;
+                    data->eventData = xid;
+                    data->gpuInstanceId = mig >= 0 ? g.gpus[i].mig[mig].gi : NO_ID;
+                    data->computeInstanceId = mig >= 0 ? g.gpus[i].mig[mig].ci : NO_ID;
+                    found = 1;
+                }
+            }
+            line = nl + 1;
+        }
+        free(text);
+    }
+    pthread_mutex_unlock(&s->lock);
+    close(fd);
+    return found;
+}
+
+static long long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!set || set->magic != EVSET_MAGIC || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    long long deadline = now_ms() + timeout_ms;
+    for (;;) {
+        if (next_event(set, data)) return NVML_SUCCESS;
+        long long left = deadline - now_ms();
+        if (left <= 0) return NVML_ERROR_TIMEOUT;
+        if (set->inotify_fd < 0) {
+            /* no state dir: nothing can ever arrive, so just sleep out the timeout */
+            poll(NULL, 0, (int)left);
+            continue;
+        }
+        struct pollfd pfd = {set->inotify_fd, POLLIN, 0};
+        if (poll(&pfd, 1, (int)left) > 0) {
+            char buf[4096];
+            while (read(set->inotify_fd, buf, sizeof buf) > 0) {
+            }
+        }
+    }
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    return nvmlEventSetWait_v2(set, data, timeout_ms);
+}

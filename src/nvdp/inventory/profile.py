@@ -1,0 +1,325 @@
+"""Node profiles: a YAML (or JSON) description of a node's GPUs, read into an Inventory.
+
+The same files drive the stand-in NVML library used in tests, so `nvdp plan --node PROFILE` previews
+exactly what the plugin would see on such a node. The format is documented in sim/profiles/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nvdp.inventory.model import TOPOLOGY_LEVELS, Gpu, Inventory, Link, MigDevice
+
+MIB = 1024 * 1024
+MAX_MIG_DEVICES = 7
+MAX_NVLINKS_PER_GPU = 36
+LEVEL_BY_NAME = {name: value for value, name in TOPOLOGY_LEVELS.items()}
+COMPUTE_MODES = ("DEFAULT", "PROHIBITED", "EXCLUSIVE_PROCESS")
+
+_TOP_FIELDS = {"description", "driver_version", "cuda_driver_version", "gpus", "nvlinks", "nvswitch", "pcie"}
+_GPU_FIELDS = {
+    "index", "uuid", "name", "memory_mib", "compute_capability", "minor", "pci_bus_id", "numa_node",
+    "mig_capable", "mig_enabled", "mig_pending", "mig_devices", "compute_mode", "xid_events",
+}  # fmt: skip
+_MIG_FIELDS = {"uuid", "profile", "gi_id", "ci_id", "memory_mib"}
+_VERSION = re.compile(r"^\d+\.\d+$")
+_MIG_PROFILE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+[a-z0-9]+)*$")
+_BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
+
+
+class ProfileError(ValueError):
+    """A node profile that cannot be used; the message names the field and what is expected."""
+
+
+def load_profile(path: str | Path) -> Inventory:
+    """Read a node profile file (YAML, or JSON for a .json path) into an Inventory."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ProfileError(f"node profile {p}: cannot read it: {e.strerror or e}") from None
+    try:
+        doc = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ProfileError(
+            f"node profile {p}: not valid "
+            f"{'JSON' if p.suffix == '.json' else 'YAML'}: {e}"
+        ) from None
+    try:
+        return inventory_from_profile(doc)
+    except ProfileError as e:
+        raise ProfileError(f"node profile {p}: {e}") from None
+
+
+def inventory_from_profile(doc: Mapping[str, Any]) -> Inventory:
+    """Validate a parsed profile document and build the Inventory it describes."""
+    if not isinstance(doc, Mapping):
+        raise ProfileError(f"the top level must be a mapping of fields, got {_kind(doc)}")
+    _no_unknown(doc, _TOP_FIELDS, "")
+    driver = _str(doc, "driver_version", "")
+    cuda = _str(doc, "cuda_driver_version", "")
+    if not _VERSION.match(cuda):
+        raise ProfileError(f'cuda_driver_version: expected "major.minor" like "12.4", got {cuda!r}')
+    raw_gpus = doc.get("gpus")
+    if not isinstance(raw_gpus, list):
+        raise ProfileError(f"gpus: expected a list of GPUs, got {_kind(raw_gpus)}")
+    gpus = tuple(_gpu(g, i) for i, g in enumerate(raw_gpus))
+    _unique_uuids(gpus)
+    links = _links(doc, len(gpus))
+    return Inventory(driver_version=driver, cuda_driver_version=cuda, gpus=gpus, links=links)
+
+
+def _gpu(raw: object, i: int) -> Gpu:
+    where = f"gpus[{i}]"
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f"{where}: expected a mapping of GPU fields, got {_kind(raw)}")
+    _no_unknown(raw, _GPU_FIELDS, where)
+    index = _int(raw, "index", where)
+    if index != i:
+        raise ProfileError(
+            f"{where}.index: is {index}, but GPUs must "
+            f"be listed in index order (expected {i})"
+        )
+    uuid = _str(raw, "uuid", where)
+    if not uuid.startswith("GPU-"):
+        raise ProfileError(f"{where}.uuid: a GPU UUID starts with 'GPU-', got {uuid!r}")
+    cc = _str(raw, "compute_capability", where)
+    if not _VERSION.match(cc):
+        raise ProfileError(f'{where}.compute_capability: expected "major.minor" like "7.5", got {cc!r}')
+    bus_id = _str(raw, "pci_bus_id", where)
+    if not _BUS_ID.match(bus_id):
+        raise ProfileError(
+            f"{where}.pci_bus_id: expected a PCI address "
+            f"like '00000000:3B:00.0', got {bus_id!r}"
+        )
+    numa = raw.get("numa_node")
+    if numa is not None and (not isinstance(numa, int) or isinstance(numa, bool) or numa < 0):
+        raise ProfileError(f"{where}.numa_node: expected a non-negative integer or null, got {numa!r}")
+    mig_capable = _bool(raw, "mig_capable", where)
+    mig_enabled = _bool(raw, "mig_enabled", where)
+    _bool(raw, "mig_pending", where)
+    _bool(raw, "xid_events", where, default=True)
+    mode = raw.get("compute_mode", "DEFAULT")
+    if mode not in COMPUTE_MODES:
+        raise ProfileError(f"{where}.compute_mode: expected one of {', '.join(COMPUTE_MODES)}, got {mode!r}")
+    if mig_enabled and not mig_capable:
+        raise ProfileError(f"{where}.mig_enabled: true needs mig_capable: true (this GPU cannot run MIG)")
+    raw_migs = raw.get("mig_devices", [])
+    if not isinstance(raw_migs, list):
+        raise ProfileError(f"{where}.mig_devices: expected a list, got {_kind(raw_migs)}")
+    if raw_migs and not mig_enabled:
+        raise ProfileError(f"{where}.mig_devices: listed, but mig_enabled is not true")
+    if len(raw_migs) > MAX_MIG_DEVICES:
+        raise ProfileError(f"{where}.mig_devices: at most {MAX_MIG_DEVICES} per GPU, got {len(raw_migs)}")
+    major, minor = (int(x) for x in cc.split("."))
+    return Gpu(
+        index=index,
+        uuid=uuid,
+        name=_str(raw, "name", where),
+        memory_bytes=_positive(raw, "memory_mib", where) * MIB,
+        compute_capability=(major, minor),
+        minor=_int(raw, "minor", where),
+        pci_bus_id=bus_id,
+        numa_node=numa,
+        mig_capable=mig_capable,
+        mig_enabled=mig_enabled,
+        mig_devices=tuple(
+            _mig(m, j, index, uuid, f"{where}.mig_devices[{j}]") for j, m in enumerate(raw_migs)
+        ),
+    )
+
+
+def _mig(raw: object, j: int, parent_index: int, parent_uuid: str, where: str) -> MigDevice:
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f"{where}: expected a mapping of MIG device fields, got {_kind(raw)}")
+    _no_unknown(raw, _MIG_FIELDS, where)
+    uuid = _str(raw, "uuid", where)
+    if not uuid.startswith("MIG-"):
+        raise ProfileError(f"{where}.uuid: a MIG device UUID starts with 'MIG-', got {uuid!r}")
+    profile = _str(raw, "profile", where)
+    if not _MIG_PROFILE.match(profile):
+        raise ProfileError(
+            f"{where}.profile: expected a MIG profile like "
+            f"'1g.10gb' or '1g.10gb+me', got {profile!r}"
+        )
+    return MigDevice(
+        uuid=uuid,
+        index=j,
+        parent_uuid=parent_uuid,
+        parent_index=parent_index,
+        profile=profile,
+        gi_id=_int(raw, "gi_id", where),
+        ci_id=_int(raw, "ci_id", where),
+        memory_bytes=_positive(raw, "memory_mib", where) * MIB,
+    )
+
+
+def _links(doc: Mapping[str, Any], n: int) -> tuple[Link, ...]:
+    levels = _pcie_levels(doc.get("pcie"), n)
+    nvlinks: dict[tuple[int, int], int] = {}
+    per_gpu = [0] * n
+    raw_links = doc.get("nvlinks", [])
+    if not isinstance(raw_links, list):
+        raise ProfileError(f"nvlinks: expected a list of {{gpus: [a, b], links: N}}, got {_kind(raw_links)}")
+    for k, raw in enumerate(raw_links):
+        where = f"nvlinks[{k}]"
+        if not isinstance(raw, Mapping):
+            raise ProfileError(f"{where}: expected a mapping {{gpus: [a, b], links: N}}, got {_kind(raw)}")
+        _no_unknown(raw, {"gpus", "links"}, where)
+        pair = _indices(raw, where, n)
+        if len(pair) != 2 or pair[0] == pair[1]:
+            raise ProfileError(f"{where}.gpus: expected two different GPU indices, got {list(pair)}")
+        count = _positive(raw, "links", where)
+        a, b = sorted(pair)
+        nvlinks[(a, b)] = nvlinks.get((a, b), 0) + count
+        per_gpu[a] += count
+        per_gpu[b] += count
+    switch = doc.get("nvswitch")
+    members: tuple[int, ...] = ()
+    switch_links = 0
+    if switch is not None:
+        if not isinstance(switch, Mapping):
+            raise ProfileError(
+                "nvswitch: expected a mapping "
+                f"{{links_per_gpu: N, gpus: [...]}}, got {_kind(switch)}"
+            )
+        _no_unknown(switch, {"gpus", "links_per_gpu"}, "nvswitch")
+        switch_links = _positive(switch, "links_per_gpu", "nvswitch")
+        members = _indices(switch, "nvswitch", n) if switch.get("gpus") is not None else tuple(range(n))
+        for m in set(members):
+            per_gpu[m] += switch_links
+    for i, count in enumerate(per_gpu):
+        if count > MAX_NVLINKS_PER_GPU:
+            raise ProfileError(
+                f"nvlinks: GPU {i} has {count} NVLink links; "
+                f"NVML reports at most {MAX_NVLINKS_PER_GPU}"
+            )
+    switched = set(members)
+    return tuple(
+        Link(
+            a=a,
+            b=b,
+            nvlinks=nvlinks.get((a, b), 0) + (switch_links if a in switched and b in switched else 0),
+            pcie_level=levels[a][b],
+        )
+        for a in range(n)
+        for b in range(a + 1, n)
+    )
+
+
+def _pcie_levels(raw: object, n: int) -> list[list[int]]:
+    default = LEVEL_BY_NAME["system"]
+    groups: list[Any] = []
+    if raw is not None:
+        if not isinstance(raw, Mapping):
+            raise ProfileError(
+                "pcie: expected a mapping "
+                f"{{default: LEVEL, groups: [...]}}, got {_kind(raw)}"
+            )
+        _no_unknown(raw, {"default", "groups"}, "pcie")
+        if "default" in raw:
+            default = _level(raw["default"], "pcie.default")
+        raw_groups = raw.get("groups", [])
+        if not isinstance(raw_groups, list):
+            raise ProfileError(
+                "pcie.groups: expected a list of "
+                f"{{gpus: [...], level: LEVEL}}, got {_kind(raw_groups)}"
+            )
+        groups = raw_groups
+    levels = [[0 if a == b else default for b in range(n)] for a in range(n)]
+    for k, group in enumerate(groups):
+        where = f"pcie.groups[{k}]"
+        if not isinstance(group, Mapping):
+            raise ProfileError(
+                f"{where}: expected a mapping "
+                f"{{gpus: [...], level: LEVEL}}, got {_kind(group)}"
+            )
+        _no_unknown(group, {"gpus", "level"}, where)
+        members = _indices(group, where, n)
+        level = _level(group.get("level"), f"{where}.level")
+        for a in members:
+            for b in members:
+                if a != b:
+                    levels[a][b] = level
+    return levels
+
+
+def _level(value: object, where: str) -> int:
+    if value not in LEVEL_BY_NAME:
+        raise ProfileError(f"{where}: expected one of {', '.join(LEVEL_BY_NAME)}, got {value!r}")
+    return LEVEL_BY_NAME[str(value)]
+
+
+def _indices(raw: Mapping[str, Any], where: str, n: int) -> tuple[int, ...]:
+    value = raw.get("gpus")
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise ProfileError(f"{where}.gpus: expected a list of GPU indices, got {_kind(value)}")
+    for v in value:
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < n:
+            raise ProfileError(f"{where}.gpus: {v!r} is not a GPU index of this profile (0..{n - 1})")
+    return tuple(value)
+
+
+def _unique_uuids(gpus: tuple[Gpu, ...]) -> None:
+    seen: set[str] = set()
+    for g in gpus:
+        for uuid in (g.uuid, *(m.uuid for m in g.mig_devices)):
+            if uuid in seen:
+                raise ProfileError(f"gpus[{g.index}]: UUID {uuid} is used twice; every device needs its own")
+            seen.add(uuid)
+
+
+def _no_unknown(raw: Mapping[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(str(k) for k in raw if k not in known)
+    if unknown:
+        prefix = f"{where}: " if where else ""
+        raise ProfileError(f"{prefix}unknown field {unknown[0]!r} (known fields: {', '.join(sorted(known))})")
+
+
+def _field(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _str(raw: Mapping[str, Any], key: str, where: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or not value:
+        raise ProfileError(f"{_field(where, key)}: required, expected a non-empty string, got {_kind(value)}")
+    return value
+
+
+def _int(raw: Mapping[str, Any], key: str, where: str) -> int:
+    value = raw.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ProfileError(
+            f"{_field(where, key)}: required, expected "
+            f"a non-negative integer, got {_kind(value)}"
+        )
+    return value
+
+
+def _positive(raw: Mapping[str, Any], key: str, where: str) -> int:
+    value = _int(raw, key, where)
+    if value == 0:
+        raise ProfileError(f"{_field(where, key)}: must be greater than 0")
+    return value
+
+
+def _bool(raw: Mapping[str, Any], key: str, where: str, default: bool = False) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ProfileError(f"{_field(where, key)}: expected true or false, got {_kind(value)}")
+    return value
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, (str, int, float, bool)):
+        return repr(value)
+    return type(value).__name__
