@@ -60,7 +60,8 @@ class GfdFlags:
 class Flags:
     mig_strategy: MigStrategy = "none"
     fail_on_init_error: bool = True
-    mps_root: str = ""
+    # NVIDIA's binary defaults to "" but its chart always sets this; MPS cannot work without one.
+    mps_root: str = "/run/nvidia/mps"
     nvidia_driver_root: str = "/"
     # Empty means "same as nvidia_driver_root", as NVIDIA resolves it.
     nvidia_dev_root: str = ""

@@ -1,0 +1,32 @@
+"""Kubernetes extended-resource names as the plugin advertises them (nvidia.com/<name>)."""
+
+from __future__ import annotations
+
+import re
+
+from nvdp.config.model import RESOURCE_PREFIX
+
+MAX_RESOURCE_NAME = 63
+SHARED_SUFFIX = ".shared"
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+
+
+def qualify_resource_name(name: str) -> str:
+    """Add the nvidia.com/ prefix when missing, as NVIDIA's plugin does."""
+    return name if name.startswith(RESOURCE_PREFIX) else RESOURCE_PREFIX + name
+
+
+def resource_name_problem(qualified: str) -> str | None:
+    """Why a fully qualified resource name cannot be advertised, or None when it can."""
+    short = qualified.removeprefix(RESOURCE_PREFIX)
+    if "/" in short:
+        return f"resource names must be in the {RESOURCE_PREFIX} domain"
+    if len(qualified) > MAX_RESOURCE_NAME:
+        return f"{qualified!r} is {len(qualified)} characters long, more than {MAX_RESOURCE_NAME}"
+    if not _DNS_SUBDOMAIN.fullmatch(short):
+        return (
+            f"{short!r} is not a valid name: use lower-case letters, digits, '-' and '.', "
+            "starting and ending with a letter or digit"
+        )
+    return None

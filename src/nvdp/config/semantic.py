@@ -1,0 +1,102 @@
+"""Rules the schema cannot express: resource names, cross-field constraints.
+
+Runs on documents that may also have schema errors, so every lookup checks its types first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from nvdp.config.issues import ConfigIssue, DocPath, format_path, show_value
+from nvdp.config.model import Flags
+from nvdp.config.names import SHARED_SUFFIX, qualify_resource_name, resource_name_problem
+from nvdp.config.validate import Locate
+
+SHARING_KINDS = ("timeSlicing", "mps")
+
+
+def semantic_issues(doc: Mapping[Any, Any], locate: Locate) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+
+    def add(path: DocPath, message: str, value: object, fix: str) -> None:
+        source, line = locate(path)
+        shown = None if value is None else show_value(value)
+        issues.append(ConfigIssue(source, format_path(path), message, line=line, value=shown, fix=fix))
+
+    def check_name(path: DocPath, name: object, fix: str) -> None:
+        if isinstance(name, str) and name:
+            problem = resource_name_problem(qualify_resource_name(name))
+            if problem is not None:
+                add(path, f"bad resource name: {problem}", None, fix)
+
+    resources = _mapping(doc.get("resources"))
+    for kind in ("gpus", "mig"):
+        for i, entry in _items(resources.get(kind)):
+            check_name(("resources", kind, i, "name"), entry.get("name"), "e.g. gpu or nvidia.com/tesla-t4")
+
+    sharing = _mapping(doc.get("sharing"))
+    names: dict[str, dict[str, DocPath]] = {kind: {} for kind in SHARING_KINDS}
+    for kind in SHARING_KINDS:
+        block = _mapping(sharing.get(kind))
+        rename_by_default = block.get("renameByDefault") is True
+        for i, entry in _items(block.get("resources")):
+            base: DocPath = ("sharing", kind, "resources", i)
+            name = entry.get("name")
+            check_name((*base, "name"), name, "name a resource the node has, e.g. nvidia.com/gpu")
+            rename = entry.get("rename")
+            check_name((*base, "rename"), rename, "e.g. gpu.shared")
+            if isinstance(name, str) and name:
+                qualified = qualify_resource_name(name)
+                names[kind].setdefault(qualified, (*base, "name"))
+                if rename_by_default and not rename:
+                    problem = resource_name_problem(qualified + SHARED_SUFFIX)
+                    if problem is not None:
+                        add(
+                            (*base, "name"),
+                            f"renameByDefault gives a bad resource name: {problem}",
+                            None,
+                            "set a shorter `rename` for this resource",
+                        )
+    for name, path in names["mps"].items():
+        if name in names["timeSlicing"]:
+            add(
+                path,
+                f"{name} is shared by both sharing.timeSlicing and sharing.mps",
+                None,
+                "share each resource one way only: remove it from one of the two lists",
+            )
+
+    flags = _mapping(doc.get("flags"))
+    if isinstance(sharing.get("mps"), Mapping):
+        if flags.get("migStrategy") == "mixed":
+            source, _ = locate(("flags", "migStrategy"))
+            add(
+                ("sharing", "mps"),
+                f"MPS sharing is not supported with migStrategy mixed (set by {source})",
+                None,
+                "use migStrategy none or single, or share with sharing.timeSlicing",
+            )
+        mps_root = flags.get("mpsRoot", Flags.mps_root)
+        if mps_root == "":
+            add(
+                ("flags", "mpsRoot"),
+                "MPS needs an MPS root (sharing.mps is set)",
+                mps_root,
+                f"set flags.mpsRoot (env MPS_ROOT, flag --mps-root), e.g. {Flags.mps_root}",
+            )
+
+    channels = _mapping(doc.get("imex")).get("channelIDs")
+    if isinstance(channels, list) and channels not in ([], [0]):
+        add(("imex", "channelIDs"), "channelIDs must be [] or [0]", channels, "use [] (none) or [0]")
+    return issues
+
+
+def _mapping(value: object) -> Mapping[Any, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _items(value: object) -> list[tuple[int, Mapping[Any, Any]]]:
+    if not isinstance(value, list):
+        return []
+    return [(i, item) for i, item in enumerate(value) if isinstance(item, Mapping)]
