@@ -1,0 +1,298 @@
+"""What a container gets for the devices the kubelet picked: environment, mounts, device nodes, CDI names.
+
+Pure: the filesystem facts it needs (which optional /dev nodes exist, the MIG capability minors) are
+passed in, so the server reads them once at start and every Allocate is a plain computation.
+
+The output matches NVIDIA's plugin for every deviceListStrategy so that existing container runtimes
+and nvidia-container-toolkit set-ups keep working; the refusals say what to change instead of
+"invalid request".
+
+Unhealthy devices are not refused, as in NVIDIA's plugin: the kubelet only hands out devices it saw
+healthy, so an unhealthy one here means the health change raced with admission, or a container of an
+already admitted pod is restarting. Refusing would fail the pod with an UnexpectedAdmissionError the
+user cannot act on; the allocation lists them in `unhealthy` so the server can log a warning.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from nvdp.config.model import Config
+from nvdp.plan.model import REPLICA_SEPARATOR, PlannedDevice, PlannedResource
+
+CDI_VENDOR = "k8s.device-plugin.nvidia.com"
+CDI_ANNOTATION_PREFIX_DEFAULT = "cdi.k8s.io/"
+CDI_ANNOTATION_PLUGIN_NAME = "nvidia-device-plugin"
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+IMEX_CHANNELS_ENV = "NVIDIA_IMEX_CHANNELS"
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+# The directory nvidia-container-runtime scans for volume-mounts device lists.
+VOLUME_MOUNTS_DIR = "/var/run/nvidia-container-devices"
+CONTROL_DEVICE_PATHS = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+IMEX_CHANNEL_DEV_DIR = "/dev/nvidia-caps-imex-channels"
+MIG_CAP_DEV_DIR = "/dev/nvidia-caps"
+MIG_MINORS_FILE = "/proc/driver/nvidia-caps/mig-minors"
+DEVICE_PERMISSIONS = "rw"
+# How many advertised devices a refusal lists before summarising the rest.
+_ADVERTISED_SHOWN = 4
+
+
+class AllocationRefused(ValueError):
+    """The request cannot be served as asked; the message names the resource, the cause and the fix."""
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    container_path: str
+    host_path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    container_path: str
+    host_path: str
+    permissions: str = DEVICE_PERMISSIONS
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    envs: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[MountSpec, ...] = ()
+    devices: tuple[DeviceNode, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()
+    # Requested devices that were unhealthy when allocated (not refused; see the module docstring).
+    unhealthy: tuple[str, ...] = ()
+
+
+# --- /proc/driver/nvidia-caps/mig-minors -----------------------------------------------------------
+
+_MIG_MINOR_LINE = re.compile(r"^(?P<cap>\S+)\s+(?P<minor>\d+)$")
+
+
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """Parse the kernel's MIG capability table: lines like `gpu0/gi1/access 12`, `gpu0/gi1/ci0/access 13`.
+
+    Keys are the capability names as written (`config`, `monitor`, `gpu<minor>/gi<g>/access`,
+    `gpu<minor>/gi<g>/ci<c>/access`); values are the minors of /dev/nvidia-caps/nvidia-cap<minor>.
+    """
+    minors: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        match = _MIG_MINOR_LINE.match(line)
+        if match is None:
+            raise ValueError(f"{MIG_MINORS_FILE} line {number}: expected '<capability> <minor>', got {raw!r}")
+        minors[match["cap"]] = int(match["minor"])
+    return minors
+
+
+def mig_cap_keys(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[str, str]:
+    """The mig-minors entries one MIG device needs: its GPU instance and its compute instance."""
+    gi = f"gpu{gpu_minor}/gi{gi_id}/access"
+    return gi, f"gpu{gpu_minor}/gi{gi_id}/ci{ci_id}/access"
+
+
+# --- validation -------------------------------------------------------------------------------------
+
+
+def _describe_advertised(resource: PlannedResource) -> str:
+    """Summarise the advertised IDs: replicas of one device collapse to `<id>::0..9`."""
+    replicas: dict[str, list[int]] = {}
+    plain: list[str] = []
+    for device in resource.devices:
+        if device.replica is None:
+            plain.append(device.id)
+        else:
+            replicas.setdefault(device.base_id, []).append(device.replica)
+    groups = list(plain)
+    for base, numbers in replicas.items():
+        numbers.sort()
+        contiguous = numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+        if contiguous and len(numbers) > 1:
+            groups.append(f"{base}{REPLICA_SEPARATOR}{numbers[0]}..{numbers[-1]}")
+        else:
+            groups.extend(f"{base}{REPLICA_SEPARATOR}{n}" for n in numbers)
+    if not groups:
+        return "no devices"
+    shown = ", ".join(groups[:_ADVERTISED_SHOWN])
+    rest = len(groups) - _ADVERTISED_SHOWN
+    return f"{shown} and {rest} more" if rest > 0 else shown
+
+
+def _sharing_setting(resource: PlannedResource) -> str:
+    key = "mps" if resource.sharing == "mps" else "timeSlicing"
+    return f"sharing.{key}.failRequestsGreaterThanOne"
+
+
+def resolve_devices(resource: PlannedResource, device_ids: Sequence[str]) -> list[PlannedDevice]:
+    """The planned devices behind `device_ids`, in request order; refuses what this resource cannot serve."""
+    if not device_ids:
+        raise AllocationRefused(
+            f"{resource.name}: the request names no devices; the kubelet must send at least one"
+        )
+    by_id = {d.id: d for d in resource.devices}
+    devices: list[PlannedDevice] = []
+    for device_id in device_ids:
+        device = by_id.get(device_id)
+        if device is None:
+            raise AllocationRefused(
+                f'{resource.name}: unknown device "{device_id}"; this node advertises '
+                f"{_describe_advertised(resource)}"
+            )
+        devices.append(device)
+    shared = resource.sharing in ("time-slicing", "mps") and any(d.replica is not None for d in devices)
+    if shared and resource.fail_requests_greater_than_one and len(device_ids) > 1:
+        raise AllocationRefused(
+            f"{resource.name} is shared ({resource.sharing}, {resource.replicas} replicas) and allows "
+            f"1 device per container; the request asked for {len(device_ids)}. Request {resource.name}: 1, "
+            "or set "
+            f"{_sharing_setting(resource)}: false"
+        )
+    return devices
+
+
+# --- building the response --------------------------------------------------------------------------
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _container_ids(devices: Sequence[PlannedDevice], config: Config) -> list[str]:
+    # Replicas name their physical (or MIG) device: two replicas of one GPU show it once.
+    if config.flags.plugin.device_id_strategy == "index":
+        return _unique(d.index for d in devices)
+    return _unique(d.base_id for d in devices)
+
+
+def _cdi_names(ids: Sequence[str], config: Config) -> list[str]:
+    names = [f"{CDI_VENDOR}/gpu={i}" for i in ids]
+    names += [f"{CDI_VENDOR}/imex-channel={ch}" for ch in config.imex.channel_ids]
+    flags = config.flags
+    extras = ((flags.gdrcopy_enabled, "gdrcopy"), (flags.gds_enabled, "gds"), (flags.mofed_enabled, "mofed"))
+    for enabled, kind in extras:
+        if enabled:
+            names.append(f"{CDI_VENDOR}/{kind}=all")
+    return names
+
+
+def _annotation_key(prefix: str, uuid: str) -> str:
+    prefix = prefix or CDI_ANNOTATION_PREFIX_DEFAULT
+    if not prefix.endswith("/"):
+        prefix += "/"
+    return f"{prefix}{CDI_ANNOTATION_PLUGIN_NAME}_{uuid}"
+
+
+def _mps_parts(resource: PlannedResource, config: Config) -> tuple[dict[str, str], list[MountSpec]]:
+    root = config.flags.mps_root
+    if not root:
+        raise AllocationRefused(
+            f"{resource.name} is shared with MPS but flags.mpsRoot is empty, so there is no pipe "
+            "directory to mount; set flags.mpsRoot (--mps-root / MPS_ROOT) to the MPS daemon's host "
+            "directory, e.g. /run/nvidia/mps"
+        )
+    pipe = f"/mps/{resource.name}/pipe"
+    mounts = [
+        MountSpec(container_path=pipe, host_path=posixpath.join(root, resource.name, "pipe")),
+        MountSpec(container_path="/dev/shm", host_path=posixpath.join(root, "shm")),
+    ]
+    return {MPS_PIPE_ENV: pipe}, mounts
+
+
+def _device_paths(
+    resource: PlannedResource, devices: Sequence[PlannedDevice], mig_cap_minors: Mapping[str, int] | None
+) -> list[str]:
+    paths: list[str] = []
+    for device in devices:
+        paths.extend(f"/dev/nvidia{minor}" for minor in device.minors)
+        if device.mig is None:
+            continue
+        gi_id, ci_id = device.mig
+        for key in mig_cap_keys(device.minors[0], gi_id, ci_id):
+            minor = None if mig_cap_minors is None else mig_cap_minors.get(key)
+            if minor is None:
+                raise AllocationRefused(
+                    f"{resource.name}: no capability minor for MIG device {device.base_id} ({key}) in "
+                    f"{MIG_MINORS_FILE}; the MIG layout changed since the plugin started, or the file is "
+                    "not readable in the plugin container. Restart the plugin after reconfiguring MIG"
+                )
+            paths.append(f"{MIG_CAP_DEV_DIR}/nvidia-cap{minor}")
+    return _unique(paths)
+
+
+def allocate_container(
+    resource: PlannedResource,
+    device_ids: Sequence[str],
+    config: Config,
+    *,
+    dev_paths_present: Callable[[str], bool],
+    mig_cap_minors: Mapping[str, int] | None,
+    cdi_uuid: Callable[[], str],
+) -> ContainerAllocation:
+    """The response for one container asking for `device_ids` of `resource`.
+
+    `dev_paths_present(path)` says whether an optional control node (`/dev/nvidia-uvm`, ...) exists;
+    `mig_cap_minors` is `parse_mig_minors` of the node's table (None when it could not be read);
+    `cdi_uuid()` makes the unique part of the CDI annotation key.
+    """
+    devices = resolve_devices(resource, device_ids)
+    plugin = config.flags.plugin
+    strategies = set(plugin.device_list_strategy)
+    ids = _container_ids(devices, config)
+    channels = [str(ch) for ch in config.imex.channel_ids]
+
+    envs: dict[str, str] = {}
+    mounts: list[MountSpec] = []
+    annotations: dict[str, str] = {}
+    cdi_devices: list[str] = []
+
+    if strategies & {"cdi-annotations", "cdi-cri"}:
+        names = _cdi_names(ids, config)
+        if "cdi-annotations" in strategies:
+            annotations[_annotation_key(plugin.cdi_annotation_prefix, cdi_uuid())] = ",".join(names)
+        if "cdi-cri" in strategies:
+            cdi_devices = names
+    if resource.sharing == "mps":
+        mps_envs, mps_mounts = _mps_parts(resource, config)
+        envs.update(mps_envs)
+        mounts.extend(mps_mounts)
+    for enabled, env in (
+        (config.flags.gdrcopy_enabled, "NVIDIA_GDRCOPY"),
+        (config.flags.gds_enabled, "NVIDIA_GDS"),
+        (config.flags.mofed_enabled, "NVIDIA_MOFED"),
+    ):
+        if enabled:
+            envs[env] = "enabled"
+
+    nodes: list[DeviceNode] = []
+    if strategies & {"envvar", "volume-mounts"}:
+        if "envvar" in strategies:
+            envs[VISIBLE_DEVICES_ENV] = ",".join(ids)
+            if channels:
+                envs[IMEX_CHANNELS_ENV] = ",".join(channels)
+        if "volume-mounts" in strategies:
+            # Overrides the envvar value on purpose: the runtime then reads the list from the mounts.
+            envs[VISIBLE_DEVICES_ENV] = VOLUME_MOUNTS_DIR
+            mounts.extend(MountSpec(f"{VOLUME_MOUNTS_DIR}/{i}", "/dev/null") for i in ids)
+            mounts.extend(MountSpec(f"{VOLUME_MOUNTS_DIR}/imex/{ch}", "/dev/null") for ch in channels)
+        if plugin.pass_device_specs:
+            paths = [p for p in CONTROL_DEVICE_PATHS if dev_paths_present(p)]
+            paths += _device_paths(resource, devices, mig_cap_minors)
+            paths += [f"{IMEX_CHANNEL_DEV_DIR}/channel{ch}" for ch in channels]
+            dev_root = config.flags.dev_root
+            nodes = [DeviceNode(p, posixpath.join(dev_root, p.lstrip("/"))) for p in _unique(paths)]
+
+    return ContainerAllocation(
+        envs=envs,
+        mounts=tuple(mounts),
+        devices=tuple(nodes),
+        annotations=annotations,
+        cdi_devices=tuple(cdi_devices),
+        unhealthy=tuple(_unique(d.id for d in devices if not d.healthy)),
+    )

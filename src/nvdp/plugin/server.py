@@ -1,0 +1,346 @@
+"""One kubelet device-plugin gRPC server per planned resource, on `<device_plugin_path>/nvidia-<name>.sock`.
+
+The manager creates a ResourceServer per PlannedResource, calls start() and register(), feeds health
+changes through update(), and stop() on shutdown or restart. Allocate and GetPreferredAllocation are
+computed by the pure modules `allocate` and `preferred`; this module only translates to and from the
+wire format and keeps the per-resource state consistent across threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from nvdp.config.model import Config
+from nvdp.inventory.model import Inventory
+from nvdp.plan.model import PlannedDevice, PlannedResource
+from nvdp.plugin.allocate import (
+    CONTROL_DEVICE_PATHS,
+    MIG_MINORS_FILE,
+    AllocationRefused,
+    ContainerAllocation,
+    allocate_container,
+    parse_mig_minors,
+)
+from nvdp.plugin.api import deviceplugin_pb2 as pb
+from nvdp.plugin.api import deviceplugin_pb2_grpc as _pb_grpc
+from nvdp.plugin.preferred import PreferredAllocator
+
+# The generated service module has no type hints.
+pb_grpc: Any = _pb_grpc
+
+API_VERSION = "v1beta1"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+# The kubelet keeps one ListAndWatch stream per plugin; the rest serve Allocate and friends.
+_WORKERS = 8
+_READY_TIMEOUT_S = 5.0
+_STOP_GRACE_S = 1.0
+
+
+class RegistrationError(RuntimeError):
+    """The kubelet could not be reached or refused the plugin; the message says which and what to check."""
+
+
+class ServerStartError(RuntimeError):
+    """The gRPC server could not listen on its socket."""
+
+
+def socket_path_for(resource: PlannedResource, config: Config) -> str:
+    return os.path.join(config.flags.plugin.device_plugin_path, f"nvidia-{resource.short_name}.sock")
+
+
+def container_dev_root(config: Config) -> str:
+    """Where the plugin sees the driver's /dev: under the mounted driver root when it has one, else /."""
+    root = config.flags.plugin.container_driver_root
+    return root if root and os.path.isdir(os.path.join(root, "dev")) else "/"
+
+
+def present_control_paths(dev_root: str) -> frozenset[str]:
+    """The optional control nodes (/dev/nvidia-uvm, ...) that exist, looked up once at start."""
+    return frozenset(p for p in CONTROL_DEVICE_PATHS if os.path.exists(os.path.join(dev_root, p.lstrip("/"))))
+
+
+def read_mig_minors(path: str, logger: logging.Logger) -> dict[str, int] | None:
+    try:
+        return parse_mig_minors(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        logger.warning("Cannot read MIG capability minors (%s); MIG device nodes will be refused", err)
+        return None
+
+
+def device_message(device: PlannedDevice) -> Any:
+    topology = None
+    if device.numa_node is not None:
+        topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=device.numa_node)])
+    return pb.Device(ID=device.id, health=HEALTHY if device.healthy else UNHEALTHY, topology=topology)
+
+
+def allocation_message(allocation: ContainerAllocation) -> Any:
+    return pb.ContainerAllocateResponse(
+        envs=dict(allocation.envs),
+        mounts=[
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            for m in allocation.mounts
+        ],
+        devices=[
+            pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+            for d in allocation.devices
+        ],
+        annotations=dict(allocation.annotations),
+        cdi_devices=[pb.CDIDevice(name=name) for name in allocation.cdi_devices],
+    )
+
+
+class _DevicePluginService:
+    """The DevicePlugin gRPC service; grpc calls these methods on its worker threads."""
+
+    def __init__(self, owner: ResourceServer) -> None:
+        self._owner = owner
+
+    def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
+        return self._owner._watch(context)
+
+    def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+        return self._owner._preferred(request, context)
+
+    def Allocate(self, request: Any, context: Any) -> Any:
+        return self._owner._allocate(request, context)
+
+    def PreStartContainer(self, request: Any, context: Any) -> Any:
+        return pb.PreStartContainerResponse()
+
+
+class ResourceServer:
+    """Serves one resource to the kubelet. Thread-safe: update() may be called from any thread."""
+
+    def __init__(
+        self,
+        resource: PlannedResource,
+        config: Config,
+        inventory: Inventory,
+        *,
+        logger: logging.Logger | None = None,
+        dev_paths_present: Callable[[str], bool] | None = None,
+        mig_minors_file: str = MIG_MINORS_FILE,
+        cdi_uuid: Callable[[], str] = lambda: str(uuid.uuid4()),
+    ) -> None:
+        self.config = config
+        self.inventory = inventory
+        self.log = logger or logging.getLogger(__name__)
+        self.socket_path = socket_path_for(resource, config)
+        self._dev_paths_present = dev_paths_present
+        self._mig_minors_file = mig_minors_file
+        self._cdi_uuid = cdi_uuid
+        self._lock = threading.Condition()
+        self._resource = resource
+        self._allocator = PreferredAllocator(
+            resource, inventory, config.flags.plugin.shared_devices_allocation_policy
+        )
+        self._version = 0  # bumped on every update(); streams resend when it moves
+        self._stopped = False
+        self._server: grpc.Server | None = None
+        self._mig_minors: dict[str, int] | None = None
+
+    @property
+    def resource(self) -> PlannedResource:
+        with self._lock:
+            return self._resource
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Listen on the socket (replacing a stale one) and confirm by connecting to it."""
+        if self._server is not None:
+            raise RuntimeError(f"the server for {self._resource.name} is already started")
+        if self._dev_paths_present is None:
+            present = present_control_paths(container_dev_root(self.config))
+            self._dev_paths_present = present.__contains__
+        if any(d.is_mig for d in self._resource.devices):
+            self._mig_minors = read_mig_minors(self._mig_minors_file, self.log)
+        os.makedirs(os.path.dirname(self.socket_path) or ".", exist_ok=True)
+        self._remove_socket()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="nvdp-grpc"))
+        pb_grpc.add_DevicePluginServicer_to_server(_DevicePluginService(self), server)
+        self.log.info("Starting GRPC server for '%s'", self._resource.name)
+        try:
+            port = server.add_insecure_port(f"unix://{self.socket_path}")
+        except RuntimeError as err:
+            raise ServerStartError(self._listen_error(str(err))) from err
+        if port == 0:
+            raise ServerStartError(self._listen_error("gRPC could not bind it"))
+        with self._lock:
+            self._stopped = False
+        server.start()
+        self._server = server
+        try:
+            with grpc.insecure_channel(f"unix://{self.socket_path}") as channel:
+                grpc.channel_ready_future(channel).result(timeout=_READY_TIMEOUT_S)
+        except grpc.FutureTimeoutError as err:
+            self.stop()
+            raise ServerStartError(
+                f"the server for {self._resource.name} did not answer on {self.socket_path} within "
+                f"{_READY_TIMEOUT_S:g}s after starting"
+            ) from err
+        self.log.info("Starting to serve '%s' on %s", self._resource.name, self.socket_path)
+
+    def register(self, kubelet_socket: str, timeout: float = 5.0) -> None:
+        """Announce this resource to the kubelet's Registration service."""
+        name = self._resource.name
+        if self._server is None:
+            raise RegistrationError(f"cannot register {name}: start() the server first")
+        request = pb.RegisterRequest(
+            version=API_VERSION,
+            endpoint=os.path.basename(self.socket_path),
+            resource_name=name,
+            options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
+        )
+        hint = (
+            "check that the kubelet runs and that flags.plugin.kubeletSocket / devicePluginPath point at its "
+            "device-plugins directory (k3s and microk8s use other paths)"
+        )
+        if not os.path.exists(kubelet_socket):
+            raise RegistrationError(f"cannot register {name}: no kubelet socket at {kubelet_socket}; {hint}")
+        try:
+            with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
+                grpc.channel_ready_future(channel).result(timeout=timeout)
+                pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout)
+        except grpc.FutureTimeoutError as err:
+            raise RegistrationError(
+                f"cannot register {name}: the kubelet did not answer on {kubelet_socket} within "
+                f"{timeout:g}s; {hint}"
+            ) from err
+        except grpc.RpcError as err:
+            raise RegistrationError(
+                f"the kubelet at {kubelet_socket} refused {name}: {err.code().name}: {err.details()}"
+            ) from err
+        self.log.info("Registered device plugin for '%s' with Kubelet", name)
+
+    def update(self, resource: PlannedResource) -> None:
+        """Replace the advertised devices (health changes included); every open stream resends the list."""
+        with self._lock:
+            if resource.name != self._resource.name:
+                raise ValueError(
+                    f"the server for {self._resource.name} cannot serve {resource.name}; start another server"
+                )
+            self._resource = resource
+            self._allocator = PreferredAllocator(
+                resource, self.inventory, self.config.flags.plugin.shared_devices_allocation_policy
+            )
+            self._version += 1
+            self._lock.notify_all()
+
+    def stop(self) -> None:
+        """End the streams, stop serving and remove the socket. Safe to call twice."""
+        with self._lock:
+            self._stopped = True
+            self._lock.notify_all()
+        server, self._server = self._server, None
+        if server is not None:
+            self.log.info("Stopping to serve '%s' on %s", self._resource.name, self.socket_path)
+            server.stop(grace=_STOP_GRACE_S).wait()
+        self._remove_socket()
+
+    def _listen_error(self, cause: str) -> str:
+        return (
+            f"cannot listen on {self.socket_path} for {self._resource.name}: {cause}; check that the "
+            "directory exists, is writable by the plugin and is the kubelet's device-plugins directory"
+        )
+
+    def _remove_socket(self) -> None:
+        try:
+            mode = os.lstat(self.socket_path).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(mode):
+            raise ServerStartError(
+                f"{self.socket_path} exists and is not a socket; remove it or choose another devicePluginPath"
+            )
+        os.unlink(self.socket_path)
+
+    # -- RPC bodies -------------------------------------------------------------------------------------
+
+    def _device_list(self) -> Any:
+        return pb.ListAndWatchResponse(devices=[device_message(d) for d in self._resource.devices])
+
+    def _watch(self, context: Any) -> Iterator[Any]:
+        def wake() -> None:
+            with self._lock:
+                self._lock.notify_all()
+
+        def changed(seen: int) -> bool:
+            return self._stopped or self._version != seen or not context.is_active()
+
+        context.add_callback(wake)  # a client that goes away must not keep a worker waiting
+        with self._lock:
+            seen = self._version
+            message = self._device_list()
+        while True:
+            yield message
+            with self._lock:
+                self._lock.wait_for(partial(changed, seen))
+                if self._stopped or not context.is_active():
+                    return
+                # Several updates in between collapse into one: each message is the whole list anyway.
+                seen = self._version
+                message = self._device_list()
+
+    def _allocate(self, request: Any, context: Any) -> Any:
+        with self._lock:
+            resource = self._resource
+        present = self._dev_paths_present or (lambda _path: False)
+        responses = []
+        for container in request.container_requests:
+            ids = list(container.devices_ids)
+            try:
+                allocation = allocate_container(
+                    resource,
+                    ids,
+                    self.config,
+                    dev_paths_present=present,
+                    mig_cap_minors=self._mig_minors,
+                    cdi_uuid=self._cdi_uuid,
+                )
+            except AllocationRefused as err:
+                self.log.warning("Refused Allocate for %s %s: %s", resource.name, ids, err)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+                raise  # abort() raises; this keeps type checkers aware of it
+            if allocation.unhealthy:
+                self.log.warning(
+                    "Allocate for %s includes unhealthy devices %s", resource.name, list(allocation.unhealthy)
+                )
+            self.log.info("Allocate %s: %s", resource.name, ",".join(ids))
+            responses.append(allocation_message(allocation))
+        return pb.AllocateResponse(container_responses=responses)
+
+    def _preferred(self, request: Any, context: Any) -> Any:
+        with self._lock:
+            allocator = self._allocator
+        responses = []
+        for container in request.container_requests:
+            try:
+                ids = allocator.select(
+                    list(container.available_deviceIDs),
+                    list(container.must_include_deviceIDs),
+                    container.allocation_size,
+                )
+            except ValueError as err:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+                raise
+            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return pb.PreferredAllocationResponse(container_responses=responses)

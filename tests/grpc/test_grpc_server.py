@@ -1,0 +1,203 @@
+"""ResourceServer and KubeletSim over real unix sockets in a temporary directory."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_factories import config_with, make_inventory, replicated_resource, whole_gpu_resource
+
+from nvdp.config.model import Config
+from nvdp.inventory.model import Inventory
+from nvdp.kubelet_sim import KubeletSim, KubeletSimError
+from nvdp.plan.model import PlannedResource
+from nvdp.plugin.server import RegistrationError, ResourceServer, ServerStartError
+
+GPU = "nvidia.com/gpu"
+
+
+def _server(resource: PlannedResource, config: Config, inventory: Inventory) -> ResourceServer:
+    return ResourceServer(
+        resource,
+        config,
+        inventory,
+        logger=logging.getLogger("test.server"),
+        dev_paths_present=lambda path: path == "/dev/nvidiactl",
+        cdi_uuid=lambda: "fixed-uuid",
+    )
+
+
+@pytest.fixture
+def served(short_tmp: Path, kubelet: KubeletSim):  # type: ignore[no-untyped-def]
+    inventory = make_inventory(4, numa_split=2)
+    resource = whole_gpu_resource(inventory)
+    config = config_with(device_plugin_path=str(short_tmp), pass_device_specs=True)
+    server = _server(resource, config, inventory)
+    server.start()
+    yield server, resource
+    server.stop()
+
+
+def test_registration_carries_the_kubelet_fields(served, kubelet: KubeletSim) -> None:  # type: ignore[no-untyped-def]
+    server, _ = served
+    server.register(str(kubelet.socket_path))
+    kubelet.wait_for_resource(GPU, count=4)
+    [registration] = kubelet.registrations
+    assert {k: registration[k] for k in ("version", "endpoint", "resource_name", "options")} == {
+        "version": "v1beta1",
+        "endpoint": "nvidia-gpu.sock",
+        "resource_name": GPU,
+        "options": {"pre_start_required": False, "get_preferred_allocation_available": True},
+    }
+    assert kubelet.options(GPU) == {"pre_start_required": False, "get_preferred_allocation_available": True}
+    assert server.socket_path == os.path.join(kubelet.dir, "nvidia-gpu.sock")
+
+
+def test_list_and_watch_sends_the_list_then_every_change(served, kubelet: KubeletSim) -> None:  # type: ignore[no-untyped-def]
+    server, resource = served
+    server.register(str(kubelet.socket_path))
+    devices = kubelet.wait_for_resource(GPU, count=4, healthy=4)
+    assert [d["id"] for d in devices] == [d.id for d in resource.devices]
+    assert [d["numa_nodes"] for d in devices] == [[0], [0], [1], [1]]
+
+    sick = replace(resource, devices=(replace(resource.devices[2], healthy=False), *resource.devices[3:]))
+    server.update(replace(resource, devices=(*resource.devices[:2], *sick.devices)))
+    devices = kubelet.wait_for_resource(GPU, count=4, healthy=3)
+    assert [d["health"] for d in devices] == ["Healthy", "Healthy", "Unhealthy", "Healthy"]
+    # Recovery is an update like any other.
+    server.update(resource)
+    kubelet.wait_for_resource(GPU, count=4, healthy=4)
+    updates = [e for e in kubelet.events if e["type"] == "devices"]
+    assert [sum(d["health"] == "Healthy" for d in e["devices"]) for e in updates] == [4, 3, 4]
+
+
+def test_update_refuses_another_resource(served) -> None:  # type: ignore[no-untyped-def]
+    server, resource = served
+    with pytest.raises(ValueError, match=r"the server for nvidia.com/gpu cannot serve nvidia.com/other"):
+        server.update(replace(resource, name="nvidia.com/other"))
+
+
+def test_allocate_over_grpc(served, kubelet: KubeletSim, short_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    server, resource = served
+    server.register(str(kubelet.socket_path))
+    kubelet.wait_for_resource(GPU, count=4)
+    first, second = resource.devices[0].id, resource.devices[1].id
+    response = kubelet.allocate(GPU, [[first], [first, second]])
+    one, two = response["container_responses"]
+    assert one["envs"] == {"NVIDIA_VISIBLE_DEVICES": first}
+    assert two["envs"] == {"NVIDIA_VISIBLE_DEVICES": f"{first},{second}"}
+    assert two["devices"] == [
+        {"container_path": "/dev/nvidiactl", "host_path": "/dev/nvidiactl", "permissions": "rw"},
+        {"container_path": "/dev/nvidia0", "host_path": "/dev/nvidia0", "permissions": "rw"},
+        {"container_path": "/dev/nvidia1", "host_path": "/dev/nvidia1", "permissions": "rw"},
+    ]
+
+
+def test_refused_allocate_is_invalid_argument_with_the_reason(served, kubelet: KubeletSim) -> None:  # type: ignore[no-untyped-def]
+    server, resource = served
+    server.register(str(kubelet.socket_path))
+    kubelet.wait_for_resource(GPU, count=4)
+    with pytest.raises(KubeletSimError) as caught:
+        kubelet.allocate(GPU, [["GPU-missing"]])
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details == (
+        'nvidia.com/gpu: unknown device "GPU-missing"; this node advertises '
+        + ", ".join(d.id for d in resource.devices)
+    )
+
+
+def test_preferred_allocation_over_grpc(served, kubelet: KubeletSim) -> None:  # type: ignore[no-untyped-def]
+    server, resource = served
+    server.register(str(kubelet.socket_path))
+    kubelet.wait_for_resource(GPU, count=4)
+    ids = [d.id for d in resource.devices]
+    assert kubelet.preferred(GPU, ids, [ids[3]], 2) == [ids[3], ids[2]]
+    with pytest.raises(KubeletSimError) as caught:
+        kubelet.preferred(GPU, ids[:1], [], 2)
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details == "nvidia.com/gpu: cannot pick 2 devices from 1 available"
+
+
+def test_stop_ends_the_stream_and_removes_the_socket(served, kubelet: KubeletSim) -> None:  # type: ignore[no-untyped-def]
+    server, _ = served
+    server.register(str(kubelet.socket_path))
+    kubelet.wait_for_resource(GPU, count=4)
+    assert os.path.exists(server.socket_path)
+    server.stop()
+    assert not os.path.exists(server.socket_path)
+    with pytest.raises(TimeoutError, match=r"saw 4 devices, 4 healthy \(disconnected\)"):
+        kubelet.wait_for_resource(GPU, timeout=2.0)
+    assert kubelet.events[-1]["type"] == "disconnected"
+    server.stop()  # twice is fine
+
+
+def test_start_replaces_a_stale_socket(short_tmp: Path, kubelet: KubeletSim) -> None:
+    inventory = make_inventory(1)
+    resource = whole_gpu_resource(inventory)
+    config = config_with(device_plugin_path=str(short_tmp))
+    # A crashed plugin leaves its socket file behind, with nobody listening.
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(short_tmp / "nvidia-gpu.sock"))
+    stale.close()
+    server = _server(resource, config, inventory)
+    server.start()
+    try:
+        server.register(str(kubelet.socket_path))
+        kubelet.wait_for_resource(GPU, count=1)
+    finally:
+        server.stop()
+
+
+def test_start_refuses_to_delete_a_regular_file(short_tmp: Path) -> None:
+    inventory = make_inventory(1)
+    config = config_with(device_plugin_path=str(short_tmp))
+    (short_tmp / "nvidia-gpu.sock").write_text("not a socket")
+    server = _server(whole_gpu_resource(inventory), config, inventory)
+    with pytest.raises(ServerStartError, match=r"nvidia-gpu.sock exists and is not a socket"):
+        server.start()
+
+
+def test_register_without_a_kubelet_says_what_to_check(served, short_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    server, _ = served
+    missing = str(short_tmp / "nowhere" / "kubelet.sock")
+    with pytest.raises(RegistrationError) as caught:
+        server.register(missing, timeout=0.5)
+    assert str(caught.value).startswith(f"cannot register nvidia.com/gpu: no kubelet socket at {missing}; ")
+    assert "devicePluginPath" in str(caught.value)
+
+
+def test_kubelet_restart_needs_a_new_registration(served, kubelet: KubeletSim) -> None:  # type: ignore[no-untyped-def]
+    server, _ = served
+    server.register(str(kubelet.socket_path))
+    kubelet.wait_for_resource(GPU, count=4)
+    kubelet.restart()
+    assert kubelet.resources() == []
+    assert kubelet.devices(GPU) == []
+    server.register(str(kubelet.socket_path))
+    kubelet.wait_for_resource(GPU, count=4, healthy=4)
+    assert kubelet.resources() == [GPU]
+    assert len(kubelet.registrations) == 2
+
+
+def test_shared_resource_refusal_over_grpc(short_tmp: Path, kubelet: KubeletSim) -> None:
+    inventory = make_inventory(1)
+    resource = replicated_resource(inventory, 10, sharing="mps", fail_requests_greater_than_one=True)
+    config = config_with(device_plugin_path=str(short_tmp), mps_root="/run/nvidia/mps")
+    server = _server(resource, config, inventory)
+    server.start()
+    try:
+        server.register(str(kubelet.socket_path))
+        kubelet.wait_for_resource(GPU, count=10)
+        with pytest.raises(KubeletSimError) as caught:
+            kubelet.allocate(GPU, [[resource.devices[0].id, resource.devices[1].id]])
+        assert caught.value.details == (
+            "nvidia.com/gpu is shared (mps, 10 replicas) and allows 1 device per container; the request "
+            "asked for 2. Request nvidia.com/gpu: 1, or set sharing.mps.failRequestsGreaterThanOne: false"
+        )
+    finally:
+        server.stop()
