@@ -1,0 +1,293 @@
+"""`nvidia-device-plugin`: advertise a node's NVIDIA GPUs to the kubelet.
+
+Exit status: 0 after SIGTERM/SIGINT/SIGQUIT; 1 when the plugin cannot start (invalid config, NVML
+missing with failOnInitError, a config that cannot be applied to this node's GPUs), with the cause
+and the fix in the log; 2 for command-line usage errors.
+
+SIGHUP reloads the config, re-reads the GPUs and re-plans. Servers of unchanged resources keep
+running; an invalid new config is reported and the previous one stays in force. A re-plan is also
+the way to clear devices marked Unhealthy (nothing else brings them back, as in NVIDIA's plugin).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import select
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from nvdp import __version__
+from nvdp.config.model import Config
+from nvdp.inventory.model import Inventory
+from nvdp.plan.model import Plan
+
+if TYPE_CHECKING:
+    from nvdp.plugin.health import HealthMonitor
+    from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
+    from nvdp.plugin.manager import PluginManager
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class StartupError(Exception):
+    """Why the plugin cannot serve with the current config and node; the message has the fix."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    config: Config
+    inventory: Inventory
+    plan: Plan
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from nvdp.config.flags import add_config_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="nvidia-device-plugin",
+        description="Advertise this node's NVIDIA GPUs to the kubelet (device-plugin API v1beta1).",
+    )
+    parser.add_argument("--version", action="version", version=f"nvidia-device-plugin {__version__}")
+    add_config_arguments(parser)
+    return parser
+
+
+class SignalInbox:
+    """Signals arrive as bytes on a pipe (signal.set_wakeup_fd), so the main loop can block in select()."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        for signum in (signal.SIGHUP, *STOP_SIGNALS):
+            signal.signal(signum, self._ignore)
+
+    @staticmethod
+    def _ignore(signum: int, frame: FrameType | None) -> None:
+        # The wakeup fd carries the signal; the handler only has to exist.
+        return None
+
+    def wait(self, timeout: float | None = None) -> list[int]:
+        ready, _, _ = select.select([self._read], [], [], timeout)
+        if not ready:
+            return []
+        try:
+            return list(os.read(self._read, 64))
+        except BlockingIOError:
+            return []
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(-1)
+        os.close(self._read)
+        os.close(self._write)
+
+
+class PluginProcess:
+    """The plugin's life: prepare (config, GPUs, plan), serve, react to signals, shut down."""
+
+    def __init__(self, args: argparse.Namespace, env: Mapping[str, str], log: logging.Logger) -> None:
+        self.args = args
+        self.env = env
+        self.log = log
+        self.manager: PluginManager | None = None
+        self.watcher: KubeletSocketWatcher | None = None
+        self.health: HealthMonitor | None = None
+
+    # --- preparing ---------------------------------------------------------------------------
+
+    def load_config(self) -> Config:
+        from nvdp.config.flags import overrides_from_args
+        from nvdp.config.loader import ConfigError, load_config
+
+        try:
+            return load_config(self.args.config_file, self.env, overrides_from_args(self.args))
+        except ConfigError as err:
+            raise StartupError(str(err)) from None
+
+    def discover(self, config: Config) -> Inventory:
+        from nvdp.inventory.nvml import NvmlUnavailable, discover
+
+        try:
+            return discover(config.flags.nvidia_driver_root, config.flags.plugin.container_driver_root)
+        except NvmlUnavailable as err:
+            raise NvmlMissing(str(err)) from None
+
+    def make_plan(self, config: Config, inventory: Inventory) -> Plan:
+        from nvdp.plan import PlanError, plan
+
+        try:
+            return plan(config, inventory)
+        except PlanError as err:
+            raise StartupError(f"the configuration cannot be applied to this node's GPUs: {err}") from None
+
+    def prepare(self) -> Prepared:
+        config = self.load_config()
+        self.log.info("Configuration from %s", config.source)
+        try:
+            inventory = self.discover(config)
+        except NvmlMissing as err:
+            err.fail = config.flags.fail_on_init_error
+            raise
+        return Prepared(config, inventory, self.make_plan(config, inventory))
+
+    # --- serving -----------------------------------------------------------------------------
+
+    def serve(self, prepared: Prepared) -> None:
+        from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
+        from nvdp.plugin.manager import PluginManager
+
+        log_inventory(self.log, prepared.inventory)
+        log_plan(self.log, prepared.plan)
+        self.manager = PluginManager(prepared.config, prepared.inventory, self.log)
+        self.watch_kubelet(prepared.config, KubeletSocketWatcher)
+        self.manager.apply(prepared.plan)
+        self.manager.start_background()
+        self.start_health(prepared)
+        if not prepared.plan.resources:
+            self.log.info("No devices found. Waiting indefinitely.")
+
+    def watch_kubelet(self, config: Config, watcher_type: type[KubeletSocketWatcher]) -> None:
+        path = config.flags.plugin.kubelet_socket_path
+        if self.watcher is not None:
+            if self.watcher.socket_path == path:
+                return
+            self.watcher.stop()
+        manager = self.manager
+        assert manager is not None
+        self.watcher = watcher_type(path, manager.kubelet_restarted, self.log)
+        self.watcher.start()
+
+    def start_health(self, prepared: Prepared) -> None:
+        from nvdp.plugin.health import HealthMonitor, policy_from_config
+
+        manager = self.manager
+        assert manager is not None
+        if self.health is not None:
+            self.health.stop()
+        self.health = HealthMonitor(prepared.inventory, policy_from_config(prepared.config),
+                                    manager.mark_unhealthy, self.log)
+        self.health.start()
+
+    def reload(self) -> None:
+        """SIGHUP: re-plan from a fresh config and GPU list; on any error keep serving as before."""
+        self.log.info("Received SIGHUP: reloading the configuration and re-reading the GPUs")
+        try:
+            prepared = self.prepare()
+        except (StartupError, NvmlMissing) as err:
+            self.log.error("Reload failed; still serving the previous configuration.\n%s", err)
+            return
+        if self.manager is None:
+            self.serve(prepared)
+            return
+        from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
+
+        log_plan(self.log, prepared.plan)
+        if self.health is not None:
+            self.health.stop()
+            self.health = None
+        diff = self.manager.apply(prepared.plan, prepared.config, prepared.inventory)
+        self.log.info("Reload applied: %s", diff.describe())
+        self.watch_kubelet(prepared.config, KubeletSocketWatcher)
+        self.start_health(prepared)
+        if not prepared.plan.resources:
+            self.log.info("No devices found. Waiting indefinitely.")
+
+    def shutdown(self) -> None:
+        if self.health is not None:
+            self.health.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self.manager is not None:
+            self.log.info("Stopping plugins.")
+            self.manager.stop()
+
+    def run(self, inbox: SignalInbox) -> int:
+        try:
+            prepared = self.prepare()
+        except StartupError as err:
+            self.log.error("%s", err)
+            return EXIT_FAILED
+        except NvmlMissing as err:
+            if err.fail:
+                self.log.error("%s", err)
+                self.log.error("Exiting: failOnInitError is true (set it to false to keep the plugin running "
+                               "without GPUs on this node)")
+                return EXIT_FAILED
+            self.log.warning("%s", err)
+            self.log.warning("failOnInitError is false: serving nothing; send SIGHUP to retry")
+            self.log.info("No devices found. Waiting indefinitely.")
+        else:
+            self.serve(prepared)
+        try:
+            while True:
+                for signum in inbox.wait():
+                    if signum == signal.SIGHUP:
+                        self.reload()
+                    elif signum in STOP_SIGNALS:
+                        self.log.info("Received signal %s, shutting down.", signal.Signals(signum).name)
+                        return EXIT_OK
+        finally:
+            self.shutdown()
+
+
+class NvmlMissing(Exception):
+    """NVML could not be initialised; `fail` says whether the config wants the plugin to exit."""
+
+    fail = True
+
+
+def log_inventory(log: logging.Logger, inventory: Inventory) -> None:
+    log.info("NVML: driver %s, CUDA %s, %d GPU(s)", inventory.driver_version, inventory.cuda_driver_version,
+             len(inventory.gpus))
+    for gpu in inventory.gpus:
+        mig = f"MIG enabled, {len(gpu.mig_devices)} MIG device(s)" if gpu.mig_enabled else "MIG disabled"
+        log.info("GPU %d: %s, %s, %d MiB, %s", gpu.index, gpu.name, gpu.uuid, gpu.memory_bytes >> 20, mig)
+        for mig_device in gpu.mig_devices:
+            log.info("  MIG %s: %s, %s, %d MiB", mig_device.index_id, mig_device.profile, mig_device.uuid,
+                     mig_device.memory_bytes >> 20)
+    for lost in inventory.lost:
+        log.warning("GPU %d (%s) is not usable: %s", lost.index, lost.uuid or "UUID unknown", lost.reason)
+
+
+def log_plan(log: logging.Logger, plan: Plan) -> None:
+    from nvdp.plugin.manager import describe_resource
+
+    for warning in plan.warnings:
+        log.warning("%s", warning)
+    for excluded in plan.excluded:
+        log.info("Not advertised: %s: %s", excluded.device, excluded.reason)
+    for resource in plan.resources:
+        log.info("Resource %s", describe_resource(resource))
+
+
+def setup_logging() -> logging.Logger:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    return logging.getLogger("nvidia-device-plugin")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    log = setup_logging()
+    log.info("Starting NVIDIA device plugin (nvdp %s)", __version__)
+    inbox = SignalInbox()
+    try:
+        return PluginProcess(args, os.environ, log).run(inbox)
+    finally:
+        inbox.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
