@@ -1,0 +1,129 @@
+"""What each MPS control daemon is told: thread share and pinned-memory limit per GPU.
+
+Pure functions of the plan and the inventory, so the arithmetic is tested without processes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from nvdp.inventory.model import Inventory
+from nvdp.plan.model import PlannedResource
+from nvdp.plan.sharing import mps_replica_cap
+
+MIB = 1024 * 1024
+# Per-client pinned-memory limits exist only from Volta on; older servers reject the command.
+MIN_CC_FOR_MEMORY_LIMIT = (7, 0)
+
+
+class MpsConfigError(ValueError):
+    """A shared resource that MPS cannot serve as configured; the message names the fix."""
+
+
+def max_replicas_per_gpu(compute_capability: tuple[int, int]) -> int:
+    """Most MPS clients per GPU; the plan refuses larger configs already, the daemon checks again."""
+    return mps_replica_cap(compute_capability)
+
+
+@dataclass(frozen=True)
+class MpsGpu:
+    uuid: str
+    index: int  # NVML index on the node
+    ordinal: int  # position in the daemon's CUDA_VISIBLE_DEVICES, what MPS commands address
+    name: str
+    memory_bytes: int
+    compute_capability: tuple[int, int]
+    replicas: int
+
+    @property
+    def pinned_memory_limit_mib(self) -> int | None:
+        """Each client's share of the GPU's memory, or None when no limit can be set."""
+        if self.memory_bytes <= 0 or self.compute_capability < MIN_CC_FOR_MEMORY_LIMIT:
+            return None
+        return self.memory_bytes // self.replicas // MIB
+
+
+@dataclass(frozen=True)
+class MpsSettings:
+    resource_name: str
+    gpus: tuple[MpsGpu, ...]  # in CUDA_VISIBLE_DEVICES order
+
+    @property
+    def replicas(self) -> int:
+        return max(g.replicas for g in self.gpus)
+
+    @property
+    def active_thread_percentage(self) -> int:
+        return 100 // self.replicas
+
+    @property
+    def visible_devices(self) -> str:
+        # UUIDs, not indices: MPS renumbers the devices it sees, UUIDs stay unambiguous.
+        return ",".join(g.uuid for g in self.gpus)
+
+    @property
+    def commands(self) -> tuple[str, ...]:
+        lines = [f"set_default_active_thread_percentage {self.active_thread_percentage}"]
+        for gpu in self.gpus:
+            limit = gpu.pinned_memory_limit_mib
+            if limit is not None:
+                lines.append(f"set_default_device_pinned_mem_limit {gpu.ordinal} {limit}M")
+        return tuple(lines)
+
+    def describe(self) -> str:
+        parts = []
+        for gpu in self.gpus:
+            limit = gpu.pinned_memory_limit_mib
+            memory = f"{limit}M pinned memory each" if limit is not None else "no memory limit"
+            parts.append(f"GPU {gpu.index} ({gpu.name}, {gpu.uuid}): {gpu.replicas} replicas, {memory}")
+        return (
+            f"{self.resource_name}: active thread percentage {self.active_thread_percentage}; "
+            + "; ".join(parts)
+        )
+
+
+def mps_settings(resource: PlannedResource, inventory: Inventory) -> MpsSettings:
+    """The daemon settings for one MPS-shared resource; MpsConfigError if MPS cannot serve it."""
+    mig = [d.id for d in resource.devices if d.is_mig]
+    if mig:
+        raise MpsConfigError(
+            f"sharing using MPS is not supported for MIG devices: resource {resource.name} holds "
+            f"{', '.join(sorted(set(mig)))}; share MIG devices with sharing.timeSlicing, or set "
+            "flags.migStrategy=none to share whole GPUs with MPS"
+        )
+    if not resource.devices:
+        raise MpsConfigError(f"resource {resource.name} has no devices to share with MPS")
+    counts = Counter(uuid for d in resource.devices for uuid in d.gpu_uuids)
+    gpus = []
+    for uuid in counts:
+        gpu = inventory.gpu(uuid)
+        if gpu is None:
+            raise MpsConfigError(
+                f"resource {resource.name} refers to GPU {uuid}, which this node's inventory lacks"
+            )
+        gpus.append(gpu)
+    gpus.sort(key=lambda g: g.index)
+    result = []
+    for ordinal, gpu in enumerate(gpus):
+        replicas = counts[gpu.uuid]
+        cap = max_replicas_per_gpu(gpu.compute_capability)
+        if replicas > cap:
+            major, minor = gpu.compute_capability
+            raise MpsConfigError(
+                f"invalid MPS configuration: resource {resource.name} asks for {replicas} replicas of "
+                f"GPU {gpu.index} ({gpu.name}, compute capability {major}.{minor}), more than the "
+                f"{cap} MPS clients it supports; set sharing.mps.resources[].replicas to {cap} or less"
+            )
+        result.append(
+            MpsGpu(
+                uuid=gpu.uuid,
+                index=gpu.index,
+                ordinal=ordinal,
+                name=gpu.name,
+                memory_bytes=gpu.memory_bytes,
+                compute_capability=gpu.compute_capability,
+                replicas=replicas,
+            )
+        )
+    return MpsSettings(resource_name=resource.name, gpus=tuple(result))

@@ -1,0 +1,186 @@
+"""`mps-control-daemon`: runs one NVIDIA MPS control daemon per resource the config shares with MPS.
+
+It reads the same config as the plugin and plans the same resources, so the daemon and the plugin
+agree on names, GPUs and replicas. SIGTERM stops every daemon (compute modes back to DEFAULT, readiness
+markers removed) and exits 0; SIGHUP reloads the config and starts over.
+
+`mps-control-daemon mount-shm` mounts the tmpfs MPS clients share as /dev/shm (the chart's init container).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from nvdp import __version__
+from nvdp.mps import shm
+from nvdp.mps.commands import MpsConfigError, MpsSettings
+from nvdp.mps.compute_mode import ComputeModeError, NvmlComputeModes
+from nvdp.mps.daemons import Daemons, plan_mps
+from nvdp.mps.paths import container_root, shm_dir
+from nvdp.mps.supervisor import DEFAULT_PROBE_INTERVAL_S
+
+PROG = "mps-control-daemon"
+PROBE_INTERVAL_ENV = "MPS_PROBE_INTERVAL"
+log = logging.getLogger("nvdp.mps")
+
+
+def env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from nvdp.config.flags import add_config_arguments
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0],
+        epilog=f"`{PROG} mount-shm [--dry-run]` mounts the tmpfs MPS clients share as /dev/shm.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    add_config_arguments(parser)
+    return parser
+
+
+def build_mount_parser() -> argparse.ArgumentParser:
+    # Separate from the daemon's parser: the init container passes no config flags.
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} mount-shm",
+        description="Mount the tmpfs that MPS clients share as /dev/shm at <MPS root>/shm.",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
+    return parser
+
+
+def mount_shm(dry_run: bool) -> int:
+    path = shm_dir(container_root())
+    mounted = shm.is_mounted(path, shm.read_text(Path("/proc/mounts")) or "")
+    size = shm.shm_size(shm.read_text(Path("/proc/meminfo")))
+    for argv in shm.mount_shm_commands(path, size, mounted):
+        print(" ".join(argv), flush=True)
+        if dry_run:
+            continue
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            detail = done.stderr.strip() or done.stdout.strip() or f"status {done.returncode}"
+            print(
+                f"{PROG} mount-shm: `{' '.join(argv)}` failed: {detail}; the init container must run "
+                "privileged with mountPropagation: Bidirectional on the MPS root",
+                file=sys.stderr,
+            )
+            return 1
+    return 0
+
+
+class Signals:
+    """SIGTERM/SIGINT/SIGQUIT ask to stop, SIGHUP to reload; both wake the main loop."""
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self.stop = False
+        self.reload = False
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            signal.signal(sig, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_reload)
+
+    def _on_stop(self, signum: int, _frame: FrameType | None) -> None:
+        self.stop = True
+        self.wake.set()
+
+    def _on_reload(self, signum: int, _frame: FrameType | None) -> None:
+        self.reload = True
+        self.wake.set()
+
+    def wait(self) -> None:
+        # Short waits so signal handlers run promptly on the main thread.
+        while not self.wake.wait(0.5):
+            pass
+        self.wake.clear()
+
+
+def load_settings(args: argparse.Namespace) -> tuple[str, list[MpsSettings]]:
+    """Config source and MPS settings; raises the config, inventory, plan or MPS error as is."""
+    from nvdp.config.flags import overrides_from_args
+    from nvdp.config.loader import load_config
+    from nvdp.inventory.nvml import discover
+
+    config = load_config(overrides=overrides_from_args(args))
+    inventory = discover()
+    return config.source, plan_mps(config, inventory)
+
+
+def start_errors() -> tuple[type[BaseException], ...]:
+    from nvdp.config.loader import ConfigError
+    from nvdp.inventory.nvml import NvmlUnavailable
+    from nvdp.plan import PlanError
+
+    return (ConfigError, NvmlUnavailable, PlanError, MpsConfigError, ComputeModeError)
+
+
+def run(args: argparse.Namespace) -> int:
+    signals = Signals()
+    signals.install()
+    root = container_root()
+    probe_interval = env_seconds(PROBE_INTERVAL_ENV, DEFAULT_PROBE_INTERVAL_S)
+    errors = start_errors()
+    log.info("%s %s", PROG, __version__)
+    current: Daemons | None = None
+    try:
+        while True:
+            try:
+                source, settings = load_settings(args)
+            except errors as err:
+                if current is None:
+                    log.error("cannot start: %s", err)
+                    return 1
+                log.error("config not reloaded, the running daemons stay as they are: %s", err)
+            else:
+                if current is not None:
+                    log.info("reloading: stopping the running MPS daemons")
+                    current.stop()
+                log.info("config: %s", source)
+                current = Daemons(settings, root, NvmlComputeModes, log, probe_interval)
+                if not settings:
+                    log.info("no resource is shared with MPS in %s; nothing to do", source)
+                for item in settings:
+                    log.info("resource %s", item.describe())
+                try:
+                    current.start()
+                except ComputeModeError as err:
+                    log.error("cannot start: %s", err)
+                    return 1
+            signals.wait()
+            if signals.stop:
+                log.info("stopping")
+                return 0
+            signals.reload = False
+    finally:
+        if current is not None:
+            current.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["mount-shm"]:
+        return mount_shm(build_mount_parser().parse_args(arguments[1:]).dry_run)
+    return run(build_parser().parse_args(arguments))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

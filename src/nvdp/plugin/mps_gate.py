@@ -1,0 +1,146 @@
+"""The plugin's MPS readiness gate: serve an MPS resource only while its control daemon answers.
+
+NVIDIA's plugin checks the daemon once and restarts everything on failure, which users see as a
+crash loop with `error waiting for MPS daemon` and no hint that the daemon's DaemonSet only runs on
+nodes labelled nvidia.com/mps.capable=true. This gate waits instead, says what is missing and how to
+fix it (every 30 s, per resource), and keeps probing after start-up so the manager can report the
+resource's devices Unhealthy while the daemon is away.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from nvdp.mps import control
+from nvdp.mps.paths import ResourcePaths, container_root
+
+MPS_CAPABLE_LABEL = "nvidia.com/mps.capable=true"
+WAIT_LOG_INTERVAL_ENV = "MPS_WAIT_LOG_INTERVAL"
+PROBE_INTERVAL_ENV = "MPS_PROBE_INTERVAL"
+NODE_NAME_ENV = "NODE_NAME"
+DEFAULT_WAIT_LOG_INTERVAL_S = 30.0
+DEFAULT_PROBE_INTERVAL_S = 5.0
+# How often the marker is looked for while waiting: cheap, and serving should start promptly.
+WAIT_POLL_S = 0.5
+
+Probe = Callable[[Path], None]  # raises control.MpsCommandError when the daemon does not answer
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        value = float(env.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+class MpsGate:
+    def __init__(
+        self,
+        resource_name: str,
+        root: Path,
+        node_name: str,
+        log: logging.Logger,
+        interval_s: float = DEFAULT_WAIT_LOG_INTERVAL_S,
+        probe: Probe = control.probe,
+        probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+    ) -> None:
+        self.resource_name = resource_name
+        self.paths = ResourcePaths(root, resource_name)
+        self.node_name = node_name or "<node name>"
+        self.log = log
+        self.interval_s = interval_s
+        self.probe = probe
+        self.probe_interval_s = probe_interval_s
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    @classmethod
+    def from_env(
+        cls, resource_name: str, log: logging.Logger, env: Mapping[str, str] | None = None
+    ) -> MpsGate:
+        """The gate as the plugin container sees things: root /mps (MPS_CONTAINER_ROOT), NODE_NAME."""
+        source = os.environ if env is None else env
+        return cls(
+            resource_name,
+            container_root(source),
+            source.get(NODE_NAME_ENV, ""),
+            log,
+            interval_s=_seconds(source, WAIT_LOG_INTERVAL_ENV, DEFAULT_WAIT_LOG_INTERVAL_S),
+            probe_interval_s=_seconds(source, PROBE_INTERVAL_ENV, DEFAULT_PROBE_INTERVAL_S),
+        )
+
+    def problem(self) -> str | None:
+        """None when the daemon is ready, else what is missing and the fix, for the log."""
+        if not self.paths.ready_marker.exists():
+            return (
+                f"{self.resource_name}: waiting for the MPS control daemon: {self.paths.ready_marker} "
+                f"does not exist, so the MPS daemon pod is not running on node {self.node_name}. The chart "
+                f"runs it only on nodes labelled {MPS_CAPABLE_LABEL}; fix: "
+                f"kubectl label node {self.node_name} {MPS_CAPABLE_LABEL}"
+            )
+        try:
+            self.probe(self.paths.pipe_dir)
+        except control.MpsCommandError as err:
+            return (
+                f"{self.resource_name}: waiting for the MPS control daemon: it does not answer at "
+                f"{self.paths.pipe_dir} ({err}); see the log of the MPS daemon pod on node {self.node_name}"
+            )
+        return None
+
+    def is_ready(self) -> bool:
+        return self.problem() is None
+
+    def wait_until_ready(self, stop: threading.Event | None = None) -> bool:
+        """Block until ready (True) or `stop` is set (False), logging the problem every interval_s."""
+        stop = stop or self._stop
+        last_logged: float | None = None
+        waited = 0.0
+        while True:
+            problem = self.problem()
+            if problem is None:
+                self.log.info("%s: MPS control daemon is ready", self.resource_name)
+                return True
+            if last_logged is None or waited - last_logged >= self.interval_s:
+                self.log.warning("%s", problem)
+                last_logged = waited
+            step = min(WAIT_POLL_S, self.interval_s)
+            if stop.wait(step):
+                return False
+            waited += step
+
+    def watch(self, on_change: Callable[[bool], None], ready: bool = True) -> None:
+        """Probe every probe_interval_s in a thread; call on_change(ready) whenever readiness flips.
+
+        `ready` is the state the caller already acts on (True after wait_until_ready).
+        """
+        self._stop.clear()
+
+        def loop() -> None:
+            state = ready
+            while not self._stop.wait(self.probe_interval_s):
+                problem = self.problem()
+                now = problem is None
+                if now == state:
+                    continue
+                state = now
+                if now:
+                    self.log.info(
+                        "%s: MPS control daemon answers again; devices are Healthy", self.resource_name
+                    )
+                else:
+                    self.log.warning("%s; its devices are Unhealthy until it returns", problem)
+                on_change(now)
+
+        self._watcher = threading.Thread(target=loop, name=f"mps gate {self.resource_name}", daemon=True)
+        self._watcher.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join()
+            self._watcher = None
