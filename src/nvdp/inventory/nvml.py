@@ -1,0 +1,288 @@
+"""Inventory discovery through NVML (pynvml). All NVML calls of the inventory stay in this module.
+
+Everything returned is plain data from nvdp.inventory.model. A GPU that cannot be read at start-up
+(fell off the bus, ...) is reported in Inventory.lost and left out; the other GPUs are still served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pynvml
+
+from nvdp.inventory.library import LIBRARY_NAME, candidate_paths, find_library
+from nvdp.inventory.model import Gpu, Inventory, Link, LostGpu, MigDevice
+
+NO_NUMA = -1
+_load_lock = threading.Lock()
+_FIX_RUNTIME = (
+    "Fix: run the plugin with the NVIDIA container runtime (`runtimeClassName: nvidia`, chart value "
+    "runtimeClassName), or make `nvidia` the default runtime of containerd/docker. If this is not a GPU "
+    "node, deploy the plugin only to GPU nodes (nodeSelector or node affinity)."
+)
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used on this node; the message says why and what to change.
+
+    `code` is the NVML return code (pynvml.NVML_ERROR_*), or None when no library was found.
+    """
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def error_name(code: int) -> str:
+    """NVML's name for a return code in the form NVIDIA's plugin logs it, e.g. ERROR_GPU_IS_LOST."""
+    for name in dir(pynvml):
+        if name.startswith("NVML_ERROR_") and getattr(pynvml, name) == code:
+            return name.removeprefix("NVML_")
+    return f"ERROR_{code}"
+
+
+def _explain_init_failure(code: int, message: str, driver_root: str, container_driver_root: str) -> str:
+    name = error_name(code)
+    if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+        looked = ", ".join(str(p) for p in candidate_paths(container_driver_root))
+        return (
+            f"NVML is not available ({name}): {LIBRARY_NAME} was not found under the container driver root "
+            f"({looked}) nor on the library path, so the container runtime did not inject the NVIDIA driver "
+            f"(host driver root {driver_root} is expected at {container_driver_root}). {_FIX_RUNTIME}"
+        )
+    if code == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
+        return (
+            f"NVML is not available ({name}): the NVIDIA kernel driver is not loaded on this node. "
+            "Fix: install the driver and load it (`modprobe nvidia`, check `nvidia-smi` on the host); "
+            "if this is not a GPU node, deploy the plugin only to GPU nodes (nodeSelector or node affinity)."
+        )
+    if code == pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+        return (
+            f"NVML is not available ({name}): the NVML library does not match the loaded kernel module, "
+            "which happens after a driver upgrade. Fix: reboot the node, or unload and reload the nvidia "
+            "kernel modules, so the running driver matches the installed library."
+        )
+    if code == pynvml.NVML_ERROR_NO_PERMISSION:
+        return (
+            f"NVML is not available ({name}): insufficient permissions to open the NVIDIA device nodes "
+            "(/dev/nvidiactl, /dev/nvidia*). Fix: run the plugin privileged or with access to those devices, "
+            "as the chart's default security context does."
+        )
+    return f"NVML is not available ({name}: {message}). {_FIX_RUNTIME}"
+
+
+def load_library(container_driver_root: str = "/driver-root") -> Path | None:
+    """Point pynvml at the driver root's libnvidia-ml.so.1 when there is one; returns the path used.
+
+    pynvml loads "libnvidia-ml.so.1" by name on first init unless its library handle is already set;
+    setting that handle (under pynvml's own load lock) is how a specific file is chosen. None: the
+    loader's default search applies.
+    """
+    path = find_library(container_driver_root)
+    if path is None:
+        return None
+    with _load_lock, pynvml.libLoadLock:
+        if pynvml.nvmlLib is None:
+            pynvml.nvmlLib = ctypes.CDLL(str(path))
+    return path
+
+
+class NvmlSession:
+    """nvmlInit on enter, nvmlShutdown on exit; init failures become NvmlUnavailable with a fix.
+
+    NVML counts init/shutdown pairs, so sessions may nest and other code (the health loop) may hold its
+    own reference at the same time.
+    """
+
+    def __init__(self, driver_root: str = "/", container_driver_root: str = "/driver-root") -> None:
+        self.driver_root = driver_root
+        self.container_driver_root = container_driver_root
+
+    def __enter__(self) -> NvmlSession:
+        load_library(self.container_driver_root)
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            raise NvmlUnavailable(
+                _explain_init_failure(e.value, str(e), self.driver_root, self.container_driver_root), e.value
+            ) from None
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        # a failing shutdown leaves nothing to repair
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+
+def discover(driver_root: str = "/", container_driver_root: str = "/driver-root") -> Inventory:
+    """Every GPU and MIG device NVML reports, driver and CUDA versions, and pairwise topology."""
+    with NvmlSession(driver_root, container_driver_root):
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion()
+        gpus: list[Gpu] = []
+        lost: list[LostGpu] = []
+        handles: dict[int, Any] = {}
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            uuid: str | None = None
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                gpus.append(_read_gpu(index, uuid, handle))
+                handles[index] = handle
+            except pynvml.NVMLError as e:
+                lost.append(LostGpu(index=index, uuid=uuid, reason=_lost_reason(e)))
+        links = _read_links(gpus, handles)
+    return Inventory(
+        driver_version=driver,
+        cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}",
+        gpus=tuple(gpus),
+        links=links,
+        lost=tuple(lost),
+    )
+
+
+def _lost_reason(e: pynvml.NVMLError) -> str:
+    if e.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+        return (
+            "GPU is lost (ERROR_GPU_IS_LOST): it fell off the bus or stopped responding; look for Xid 79 in "
+            "the kernel log, then reset the GPU or reboot the node"
+        )
+    return f"cannot be read through NVML ({error_name(e.value)}: {e})"
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _read_gpu(index: int, uuid: str, handle: Any) -> Gpu:
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    bus_id = _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+    mig_capable, mig_enabled = _mig_mode(handle)
+    return Gpu(
+        index=index,
+        uuid=uuid,
+        name=_text(pynvml.nvmlDeviceGetName(handle)),
+        memory_bytes=int(memory.total),
+        compute_capability=(int(major), int(minor)),
+        minor=int(pynvml.nvmlDeviceGetMinorNumber(handle)),
+        pci_bus_id=bus_id,
+        numa_node=_numa_node(handle, bus_id),
+        mig_capable=mig_capable,
+        mig_enabled=mig_enabled,
+        mig_devices=_read_mig_devices(index, uuid, handle) if mig_enabled else (),
+    )
+
+
+def _mig_mode(handle: Any) -> tuple[bool, bool]:
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError as e:
+        if e.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+            return False, False
+        raise
+    return True, current == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
+def _read_mig_devices(parent_index: int, parent_uuid: str, handle: Any) -> tuple[MigDevice, ...]:
+    devices: list[MigDevice] = []
+    for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+        except pynvml.NVMLError as e:
+            if e.value == pynvml.NVML_ERROR_NOT_FOUND:
+                continue  # an empty slot: MIG devices need not be numbered densely
+            raise
+        name = _text(pynvml.nvmlDeviceGetName(mig))
+        devices.append(
+            MigDevice(
+                uuid=_text(pynvml.nvmlDeviceGetUUID(mig)),
+                index=j,
+                parent_uuid=parent_uuid,
+                parent_index=parent_index,
+                profile=mig_profile_from_name(name),
+                gi_id=int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
+                ci_id=int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
+                memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(mig).total),
+            )
+        )
+    return tuple(devices)
+
+
+def mig_profile_from_name(name: str) -> str:
+    """NVML names a MIG device "<GPU name> MIG <profile>", e.g. "NVIDIA A100-SXM4-40GB MIG 1g.5gb"."""
+    _, sep, profile = name.rpartition(" MIG ")
+    return profile if sep else name
+
+
+def _numa_node(handle: Any, bus_id: str) -> int | None:
+    """NVML's NUMA node id; drivers without it fall back to sysfs, as NVIDIA's plugin reads it."""
+    try:
+        node = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
+        return None if node >= 2**31 else node
+    except pynvml.NVMLError as e:
+        if e.value not in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+            raise
+    return _sysfs_numa_node(bus_id)
+
+
+def _sysfs_numa_node(bus_id: str) -> int | None:
+    # sysfs names the device by a 4-digit domain in lower case: 00000000:3B:00.0 -> 0000:3b:00.0
+    domain, _, rest = bus_id.partition(":")
+    path = Path("/sys/bus/pci/devices") / f"{domain[-4:]}:{rest}".lower() / "numa_node"
+    try:
+        node = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node != NO_NUMA else None
+
+
+def _read_links(gpus: list[Gpu], handles: dict[int, Any]) -> tuple[Link, ...]:
+    nvlinks = {g.index: _nvlink_peers(handles[g.index]) for g in gpus}
+    by_bus = {g.pci_bus_id.upper(): g.index for g in gpus}
+    links: list[Link] = []
+    for x, a in enumerate(gpus):
+        for b in gpus[x + 1 :]:
+            try:
+                level = int(pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[a.index], handles[b.index]))
+            except pynvml.NVMLError:
+                continue  # no topology for this pair: the allocator treats it as unknown
+            direct_a, switch_a = nvlinks[a.index]
+            _, switch_b = nvlinks[b.index]
+            count = sum(n for bus, n in direct_a.items() if by_bus.get(bus) == b.index)
+            if switch_a and switch_b:
+                count += min(switch_a, switch_b)
+            links.append(Link(a=a.index, b=b.index, nvlinks=count, pcie_level=level))
+    return tuple(links)
+
+
+def _nvlink_peers(handle: Any) -> tuple[dict[str, int], int]:
+    """Active NVLink links of one GPU: counts per remote GPU bus id, and links into NVSwitches."""
+    direct: dict[str, int] = {}
+    switch = 0
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            if not pynvml.nvmlDeviceGetNvLinkState(handle, link):
+                continue
+        except pynvml.NVMLError:
+            break  # no NVLink at all, or no more links on this GPU
+        try:
+            remote_type = pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+        except pynvml.NVMLError:
+            remote_type = pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+        if remote_type == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+            switch += 1
+            continue
+        try:
+            bus = _text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId).upper()
+        except pynvml.NVMLError:
+            continue
+        direct[bus] = direct.get(bus, 0) + 1
+    return direct, switch
