@@ -112,7 +112,7 @@ def test_json_carries_resources_devices_warnings_and_exclusions(tmp_path: Path) 
         "mig": None,
         "healthy": True,
     }
-    assert len(data["warnings"]) == 1 and data["warnings"][0].startswith("GPU 0 (NVIDIA H100 80GB HBM3, ")
+    assert len(data["warnings"]) == 1 and data["warnings"][0].startswith("MIG mode is enabled on GPU 0; ")
     assert data["excluded"] == []
 
 

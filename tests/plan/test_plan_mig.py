@@ -38,9 +38,20 @@ def test_none_advertises_mig_enabled_gpu_whole_and_warns() -> None:
     p = plan(config("none"), inventory(gpu(0, H100, (9, 0), ("1g.10gb",))))
     assert names_and_ids(p) == {"nvidia.com/gpu": [gpu_uuid(0)]}
     assert p.warnings == (
-        f"GPU 0 ({H100}, {gpu_uuid(0)}) has MIG mode enabled; migStrategy none advertises it as a whole "
-        "GPU, which cannot run CUDA work: set migStrategy to single or mixed to advertise its MIG "
+        "MIG mode is enabled on GPU 0; migStrategy none advertises it as a whole GPU, which CUDA work "
+        "cannot use while MIG mode is on: set migStrategy to single or mixed to advertise the MIG "
         "devices, or disable MIG mode (`nvidia-smi -i 0 -mig 0`)",
+    )
+
+
+def test_none_warns_once_for_several_mig_enabled_gpus() -> None:
+    inv = inventory(gpu(0), gpu(1, H100, (9, 0), ("1g.10gb",)), gpu(2, H100, (9, 0), ()))
+    p = plan(config("none"), inv)
+    assert names_and_ids(p) == {"nvidia.com/gpu": [gpu_uuid(0), gpu_uuid(1), gpu_uuid(2)]}
+    assert p.warnings == (
+        "MIG mode is enabled on GPU 1, 2; migStrategy none advertises them as whole GPUs, which CUDA work "
+        "cannot use while MIG mode is on: set migStrategy to single or mixed to advertise the MIG "
+        "devices, or disable MIG mode (`nvidia-smi -i 1 -mig 0`)",
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -63,9 +62,9 @@ def _load(args: argparse.Namespace) -> tuple[Config, Inventory, Path]:
     from nvdp.config.loader import load_config
     from nvdp.inventory.profile import load_profile
 
-    cfg = load_config(args.config, {}, {}) if args.config else Config()
-    if args.mig_strategy:
-        cfg = replace(cfg, flags=replace(cfg.flags, mig_strategy=args.mig_strategy))
+    # The preview ignores this shell's environment: the plugin's env comes from the chart.
+    overrides = {"flags.migStrategy": args.mig_strategy} if args.mig_strategy else {}
+    cfg = load_config(args.config, {}, overrides)
     profile = resolve_profile(args.node)
     return cfg, load_profile(profile), profile
 

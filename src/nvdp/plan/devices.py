@@ -60,10 +60,6 @@ def _fix_empty_mig(gpu: Gpu) -> str:
     )
 
 
-def _gpu_label(gpu: Gpu) -> str:
-    return f"GPU {gpu.index} ({gpu.name}, {gpu.uuid})"
-
-
 def _add_full_gpu(out: BaseAllocation, gpu: Gpu, patterns: tuple[ResourcePattern, ...]) -> None:
     match = first_match(patterns, gpu.name)
     if match is None:
@@ -140,12 +136,14 @@ def allocate_base(config: Config, inventory: Inventory) -> BaseAllocation:
         # such a GPU runs no CUDA work until its MIG devices are exposed.
         for gpu in gpus:
             _add_full_gpu(out, gpu, gpu_patterns)
-            if gpu.mig_enabled:
-                out.warnings.append(
-                    f"{_gpu_label(gpu)} has MIG mode enabled; migStrategy none advertises it as a whole "
-                    "GPU, which cannot run CUDA work: set migStrategy to single or mixed to advertise "
-                    f"its MIG devices, or disable MIG mode (`nvidia-smi -i {gpu.index} -mig 0`)"
-                )
+        mig_on = [g for g in gpus if g.mig_enabled]
+        if mig_on:
+            out.warnings.append(
+                f"MIG mode is enabled on GPU {_indices(mig_on)}; migStrategy none advertises "
+                f"{'it as a whole GPU' if len(mig_on) == 1 else 'them as whole GPUs'}, which CUDA work "
+                "cannot use while MIG mode is on: set migStrategy to single or mixed to advertise the MIG "
+                f"devices, or disable MIG mode (`nvidia-smi -i {mig_on[0].index} -mig 0`)"
+            )
         return out
 
     if strategy == "single":
