@@ -1,0 +1,110 @@
+"""Discovery with the real pynvml against the stand-in NVML, in subprocesses so LD_LIBRARY_PATH applies."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from nvdp.inventory import model
+from sim.nvml import NodeSim, list_profiles
+
+RunPy = Callable[..., subprocess.CompletedProcess[str]]
+
+DISCOVER = """
+import sys
+from nvdp.inventory.nvml import NvmlUnavailable, discover
+try:
+    print(repr(discover(container_driver_root=sys.argv[1] if len(sys.argv) > 1 else "/driver-root")))
+except NvmlUnavailable as e:
+    print(f"UNAVAILABLE {e.code} {e}")
+"""
+
+
+def parse(stdout: str) -> model.Inventory:
+    names = {k: getattr(model, k) for k in ("Inventory", "Gpu", "MigDevice", "Link", "LostGpu")}
+    value = eval(stdout, {"__builtins__": {}}, names)  # the child printed dataclass reprs
+    assert isinstance(value, model.Inventory)
+    return value
+
+
+@pytest.mark.parametrize("profile", list_profiles())
+def test_discovery_matches_profile(profile: str, make_node: Callable[[str], NodeSim], run_py: RunPy) -> None:
+    node = make_node(profile)
+    result = run_py(DISCOVER, node.env)
+    assert result.returncode == 0, result.stderr
+    assert parse(result.stdout) == node.inventory
+
+
+@pytest.mark.parametrize(
+    ("fail", "code", "text"),
+    [
+        ("driver_not_loaded", 9, "the NVIDIA kernel driver is not loaded on this node. Fix: install the driver"),
+        ("lib_rm_version_mismatch", 18, "does not match the loaded kernel module, which happens after a driver upgrade"),
+        ("no_permission", 4, "insufficient permissions to open the NVIDIA device nodes"),
+    ],
+)
+def test_init_failures_are_explained(
+    fail: str, code: int, text: str, make_node: Callable[[str], NodeSim], run_py: RunPy
+) -> None:
+    node = make_node("t4")
+    result = run_py(DISCOVER, {**node.env, "NVML_SIM_FAIL_INIT": fail})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"UNAVAILABLE {code} NVML is not available (ERROR_")
+    assert text in result.stdout
+
+
+def test_no_profile_means_driver_not_loaded(make_node: Callable[[str], NodeSim], run_py: RunPy) -> None:
+    env = dict(make_node("t4").env)
+    del env["NVML_SIM_PROFILE"]
+    result = run_py(DISCOVER, env)
+    assert result.stdout.startswith("UNAVAILABLE 9 NVML is not available (ERROR_DRIVER_NOT_LOADED)")
+
+
+def test_library_not_found_points_at_the_runtime(tmp_path: Path, run_py: RunPy) -> None:
+    result = run_py(DISCOVER, {}, str(tmp_path))
+    out = result.stdout
+    assert out.startswith("UNAVAILABLE 12 NVML is not available (ERROR_LIBRARY_NOT_FOUND): libnvidia-ml.so.1 ")
+    assert f"{tmp_path}/usr/lib64/libnvidia-ml.so.1, {tmp_path}/usr/lib/x86_64-linux-gnu/" in out
+    assert "the container runtime did not inject the NVIDIA driver" in out
+    assert "(`runtimeClassName: nvidia`, chart value runtimeClassName)" in out
+    assert "make `nvidia` the default runtime of containerd/docker" in out
+    assert "deploy the plugin only to GPU nodes (nodeSelector or node affinity)" in out
+
+
+def test_library_found_under_driver_root(
+    tmp_path: Path, make_node: Callable[[str], NodeSim], run_py: RunPy
+) -> None:
+    node = make_node("mixed-4")
+    root = tmp_path / "driver-root"
+    lib_dir = root / "usr/lib/x86_64-linux-gnu"
+    lib_dir.mkdir(parents=True)
+    shutil.copy(node.library, lib_dir / "libnvidia-ml.so.535.161.08")
+    # As on a host: an absolute link, which must resolve inside the mounted root.
+    (lib_dir / "libnvidia-ml.so.1").symlink_to("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.535.161.08")
+    env = {k: v for k, v in node.env.items() if k != "LD_LIBRARY_PATH"}
+    result = run_py(DISCOVER, env, str(root))
+    assert result.returncode == 0, result.stderr
+    assert parse(result.stdout) == node.inventory
+
+
+def test_gpu_lost_at_startup_is_left_out(make_node: Callable[[str], NodeSim], run_py: RunPy) -> None:
+    node = make_node("a100-sxm-8")
+    lost = node.inventory.gpus[2]
+    node.lose_gpu(lost.uuid)
+    inventory = parse(run_py(DISCOVER, node.env).stdout)
+    assert [g.index for g in inventory.gpus] == [0, 1, 3, 4, 5, 6, 7]
+    assert inventory.lost == (
+        model.LostGpu(
+            index=2,
+            uuid=lost.uuid,
+            reason="GPU is lost (ERROR_GPU_IS_LOST): it fell off the bus or stopped responding; look for "
+            "Xid 79 in the kernel log, then reset the GPU or reboot the node",
+        ),
+    )
+    assert all(2 not in (lk.a, lk.b) for lk in inventory.links)
+    assert inventory.link(1, 3) == node.inventory.link(1, 3)
+    assert inventory.gpus[0] == node.inventory.gpus[0]
