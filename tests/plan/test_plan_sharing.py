@@ -290,3 +290,20 @@ def test_entry_whose_refs_all_miss_shares_nothing() -> None:
         "sharing.timeSlicing.resources[0]: device '5' is not one of the 1 device(s) of nvidia.com/gpu "
         "on this node (0); it is not shared",
     )
+
+
+def test_mps_on_a_mig_enabled_gpu_under_none_is_an_error() -> None:
+    inv = inventory(gpu(0), gpu(1, H100, (9, 0), ("1g.10gb",)))
+    with pytest.raises(PlanError) as err:
+        plan(config("none", mps=(entry(replicas=2),)), inv)
+    assert str(err.value) == (
+        "sharing.mps.resources[0] (nvidia.com/gpu): sharing using MPS is not supported for MIG devices "
+        f"(GPU 1, {gpu_uuid(1)}, has MIG mode enabled); disable MIG mode on it (`nvidia-smi -i 1 -mig 0`), "
+        "or share it with sharing.timeSlicing instead"
+    )
+
+
+def test_empty_device_list_shares_nothing() -> None:
+    cfg = config(time_slicing=(entry(replicas=2, devices=DeviceSelection(all=False)),))
+    p = plan(cfg, inventory(gpu(0)))
+    assert [(r.name, r.sharing, len(r.devices)) for r in p.resources] == [("nvidia.com/gpu", "none", 1)]

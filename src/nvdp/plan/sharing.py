@@ -58,23 +58,22 @@ def _ref_matches(ref: str, device: PlannedDevice) -> bool:
 def _select(
     selection: DeviceSelection, devices: list[PlannedDevice], label: str, name: str, warnings: list[str]
 ) -> list[PlannedDevice]:
-    if selection.refs:
-        chosen = [d for d in devices if any(_ref_matches(r, d) for r in selection.refs)]
-        for ref in selection.refs:
-            if not any(_ref_matches(ref, d) for d in devices):
-                warnings.append(
-                    f"{label}: device '{ref}' is not one of the {len(devices)} device(s) of {name} on "
-                    f"this node ({', '.join(d.index for d in devices)}); it is not shared"
-                )
-        return chosen
-    if selection.count is not None and not selection.all:
+    if selection.all:
+        return list(devices)
+    if selection.count is not None:
         if selection.count > len(devices):
             warnings.append(
                 f"{label}: devices: {selection.count} asks for more devices than {name} has on this "
                 f"node ({len(devices)}); sharing all {len(devices)}"
             )
         return devices[: selection.count]
-    return list(devices)
+    for ref in selection.refs:
+        if not any(_ref_matches(ref, d) for d in devices):
+            warnings.append(
+                f"{label}: device '{ref}' is not one of the {len(devices)} device(s) of {name} on "
+                f"this node ({', '.join(d.index for d in devices)}); it is not shared"
+            )
+    return [d for d in devices if any(_ref_matches(r, d) for r in selection.refs)]
 
 
 def chosen_replicated_resources(sharing: Sharing) -> tuple[str, ReplicatedResources | None]:
@@ -182,6 +181,13 @@ def _check_mps(label: str, entry: ReplicatedResource, devices: list[PlannedDevic
         gpu = inv.gpu(device.base_id)
         if gpu is None:
             continue
+        if gpu.mig_enabled:
+            # Under migStrategy none the whole GPU is advertised, but no MPS daemon can serve it.
+            raise PlanError(
+                f"{label} ({entry.name}): sharing using MPS is not supported for MIG devices (GPU "
+                f"{gpu.index}, {gpu.uuid}, has MIG mode enabled); disable MIG mode on it "
+                f"(`nvidia-smi -i {gpu.index} -mig 0`), or share it with sharing.timeSlicing instead"
+            )
         cap = mps_replica_cap(gpu.compute_capability)
         if entry.replicas > cap:
             major, minor = gpu.compute_capability
