@@ -60,14 +60,14 @@ class Rendered:
 
     def find(self, kind: str, name: str | None = None) -> list[Manifest]:
         return [
-            o
-            for o in self.objects
-            if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+            o for o in self.objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
         ]
 
     def one(self, kind: str, name: str | None = None) -> Manifest:
         found = self.find(kind, name)
-        assert len(found) == 1, f"expected one {kind} {name or ''}, got {[o['metadata']['name'] for o in found]}"
+        assert len(found) == 1, (
+            f"expected one {kind} {name or ''}, got {[o['metadata']['name'] for o in found]}"
+        )
         return found[0]
 
     def daemonsets(self) -> dict[str, Manifest]:

@@ -22,7 +22,9 @@ def assert_valid(objects: list[Manifest], versions: list[str]) -> None:
                 kubernetes_validate.validate(obj, version, strict=True)
             except kubernetes_validate.ValidationError as error:
                 where = "/".join(str(p) for p in error.path)
-                problems.append(f"{obj['kind']}/{obj['metadata']['name']} on {version}: {where}: {error.message}")
+                problems.append(
+                    f"{obj['kind']}/{obj['metadata']['name']} on {version}: {where}: {error.message}"
+                )
     assert not problems, "\n".join(problems)
 
 
@@ -39,23 +41,42 @@ MATRIX: dict[str, dict[str, Any]] = {
     "compat-cpu-manager": {"compatWithCPUManager": True},
     "mig-single": {"migStrategy": "single"},
     "volume-mounts-string": {"deviceListStrategy": "envvar,volume-mounts"},
-    "cdi-cri": {"deviceListStrategy": ["cdi-cri"], "cdi": {"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook"}},
+    "cdi-cri": {
+        "deviceListStrategy": ["cdi-cri"],
+        "cdi": {"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook"},
+    },
     "all-bools-false": {
-        "failOnInitError": False, "gdrcopyEnabled": False, "gdsEnabled": False, "mofedEnabled": False,
+        "failOnInitError": False,
+        "gdrcopyEnabled": False,
+        "gdsEnabled": False,
+        "mofedEnabled": False,
         "compatWithCPUManager": False,
     },
     "all-strings": {
-        "deviceIDStrategy": "index", "deviceDiscoveryStrategy": "nvml", "nvidiaDriverRoot": "/run/nvidia/driver",
-        "nvidiaDevRoot": "/", "sharedDevicesAllocationPolicy": "packed", "disableHealthChecks": "xids",
+        "deviceIDStrategy": "index",
+        "deviceDiscoveryStrategy": "nvml",
+        "nvidiaDriverRoot": "/run/nvidia/driver",
+        "nvidiaDevRoot": "/",
+        "sharedDevicesAllocationPolicy": "packed",
+        "disableHealthChecks": "xids",
     },
-    "host-network": {"devicePlugin": {"enableHostNetwork": True}, "mps": {"enableHostNetwork": True, "enabled": True}},
+    "host-network": {
+        "devicePlugin": {"enableHostNetwork": True},
+        "mps": {"enableHostNetwork": True, "enabled": True},
+    },
     "mps-no-host-pid": {"config": {"map": {"config": MPS_CONFIG}}, "mps": {"enableHostPID": False}},
-    "mps-forced-external-config": {"config": {"name": "my-configs", "default": "gpu"}, "mps": {"enabled": True}},
+    "mps-forced-external-config": {
+        "config": {"name": "my-configs", "default": "gpu"},
+        "mps": {"enabled": True},
+    },
     "kubelet-root": {"devicePlugin": {"kubeletRootDir": "/var/lib/k0s/kubelet"}},
     "pod-settings": {
         "podAnnotations": {"example.com/team": "ml"},
         "podSecurityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-        "resources": {"limits": {"cpu": "200m", "memory": "256Mi"}, "requests": {"cpu": "50m", "memory": "64Mi"}},
+        "resources": {
+            "limits": {"cpu": "200m", "memory": "256Mi"},
+            "requests": {"cpu": "50m", "memory": "64Mi"},
+        },
         "imagePullSecrets": [{"name": "regcred"}],
         "nodeSelector": {"gpu": "true"},
         "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}},
@@ -65,7 +86,9 @@ MATRIX: dict[str, dict[str, Any]] = {
     "no-affinity-no-tolerations": {"affinity": None, "tolerations": None},
     "explicit-security-context": {"securityContext": {"privileged": True}},
     "naming-overrides": {
-        "nameOverride": "gpu-plugin", "fullnameOverride": "gpus", "namespaceOverride": "gpu-system",
+        "nameOverride": "gpu-plugin",
+        "fullnameOverride": "gpus",
+        "namespaceOverride": "gpu-system",
         "selectorLabelsOverride": {"app": "gpus"},
     },
     "images": {
@@ -73,8 +96,12 @@ MATRIX: dict[str, dict[str, Any]] = {
         "mpsImage": {"repository": "registry.example.com/mps", "tag": "dev"},
         "config": {"map": {"config": MPS_CONFIG}},
     },
-    "config-empty-fallback": {"config": {"map": {"a": "version: v1\n", "b": "version: v1\n"},
-                                         "fallbackStrategies": ["named", "empty"]}},
+    "config-empty-fallback": {
+        "config": {
+            "map": {"a": "version: v1\n", "b": "version: v1\n"},
+            "fallbackStrategies": ["named", "empty"],
+        }
+    },
     "plugin-disabled": {"devicePlugin": {"enabled": False}},
     "default-namespace-allowed": {"allowDefaultNamespace": True},
 }

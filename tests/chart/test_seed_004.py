@@ -1,4 +1,4 @@
-"""Seed 004: `helm install k8s-device-plugin ... --values values.yaml --set-file config.map.config=config.yaml`."""
+"""Seed 004: `helm install k8s-device-plugin ... --values values.yaml --set-file config.map.config=<file>`."""
 
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ def test_users_affinity_and_tolerations_replace_defaults(rendered: Rendered) -> 
     for ds in rendered.daemonsets().values():
         spec = ds["spec"]["template"]["spec"]
         assert spec["affinity"] == expected_affinity
-        assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        assert spec["tolerations"] == [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
 
 
 def test_configmap_holds_the_file_verbatim(rendered: Rendered) -> None:
@@ -71,7 +73,11 @@ def test_mps_root_shared_by_both_pods(rendered: Rendered) -> None:
     plugin = rendered.daemonsets()[PLUGIN]
     assert env(container(plugin, "nvidia-device-plugin-ctr"))["MPS_ROOT"] == "/run/nvidia/mps"
     for ds in rendered.daemonsets().values():
-        volumes = {v["name"]: v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
+        volumes = {
+            v["name"]: v["hostPath"]["path"]
+            for v in ds["spec"]["template"]["spec"]["volumes"]
+            if "hostPath" in v
+        }
         assert volumes["mps-root"] == "/run/nvidia/mps"
         assert volumes["mps-shm"] == "/run/nvidia/mps/shm"
 
@@ -82,7 +88,9 @@ def test_mps_init_container_mounts_shm_with_bidirectional_propagation(rendered: 
     assert init["command"] == ["mps-control-daemon", "mount-shm"]
     assert init["image"] == "ghcr.io/nvdp-project/nvdp-mps-daemon:0.1.0"
     assert init["securityContext"] == {"privileged": True}
-    assert init["volumeMounts"] == [{"name": "mps-root", "mountPath": "/mps", "mountPropagation": "Bidirectional"}]
+    assert init["volumeMounts"] == [
+        {"name": "mps-root", "mountPath": "/mps", "mountPropagation": "Bidirectional"}
+    ]
     assert ds["spec"]["template"]["spec"]["hostPID"] is True
 
 

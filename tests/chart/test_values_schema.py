@@ -9,24 +9,34 @@ import chart_schema_sync
 import pytest
 from chart_helm import CHART_DIR, render_error
 
-SCHEMA_ERROR = "values don't meet the specifications of the schema(s) in the following chart(s):\nnvidia-device-plugin:\n"
+SCHEMA_ERROR = (
+    "values don't meet the specifications of the schema(s) in the following chart(s):\n"
+    "nvidia-device-plugin:\n"
+)
 
 
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"migStrategy": "double"}, "- at '/migStrategy': value must be one of 'none', 'single', 'mixed', <nil>"),
+        (
+            {"migStrategy": "double"},
+            "- at '/migStrategy': value must be one of 'none', 'single', 'mixed', <nil>",
+        ),
         ({"failOnInitError": "yes"}, "- at '/failOnInitError': got string, want null or boolean"),
         ({"compatWithCPUManager": 1}, "- at '/compatWithCPUManager': got number, want null or boolean"),
         ({"image": {"tag": 1}}, "- at '/image/tag': got number, want string"),
         ({"tolerations": {"key": "x"}}, "- at '/tolerations': got object, want null or array"),
         ({"mps": {"root": "run/mps"}}, "- at '/mps/root': 'run/mps' does not match pattern '^/.+'"),
         ({"unknownKey": 1}, "- at '': additional properties 'unknownKey' not allowed"),
-        ({"devicePlugin": {"kubeletRoot": "/x"}}, "- at '/devicePlugin': additional properties 'kubeletRoot' not allowed"),
-        ({"config": {"fallbackStrategies": ["nearest"]}},
-         "- at '/config/fallbackStrategies/0': value must be one of 'named', 'single', 'empty'"),
-        ({"deviceListStrategy": ["envvar", "files"]},
-         "- at '/deviceListStrategy': 'anyOf' failed"),
+        (
+            {"devicePlugin": {"kubeletRoot": "/x"}},
+            "- at '/devicePlugin': additional properties 'kubeletRoot' not allowed",
+        ),
+        (
+            {"config": {"fallbackStrategies": ["nearest"]}},
+            "- at '/config/fallbackStrategies/0': value must be one of 'named', 'single', 'empty'",
+        ),
+        ({"deviceListStrategy": ["envvar", "files"]}, "- at '/deviceListStrategy': 'anyOf' failed"),
     ],
 )
 def test_schema_refuses_bad_values_naming_them(values: dict[str, Any], message: str) -> None:
@@ -39,14 +49,23 @@ def test_schema_refuses_bad_values_naming_them(values: dict[str, Any], message: 
     ("entry", "message"),
     [
         ({"version": "v2"}, "- at '/config/map/cfg/version': value must be one of 'v1', ''"),
-        ({"flags": {"renameByDefault": True}}, "- at '/config/map/cfg/flags': additional properties 'renameByDefault' not allowed"),
-        ({"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu"}]}}},
-         "- at '/config/map/cfg/sharing/timeSlicing/resources/0': missing property 'replicas'"),
-        ({"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": "ten"}]}}},
-         "- at '/config/map/cfg/sharing/mps/resources/0/replicas': got string, want integer"),
+        (
+            {"flags": {"renameByDefault": True}},
+            "- at '/config/map/cfg/flags': additional properties 'renameByDefault' not allowed",
+        ),
+        (
+            {"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu"}]}}},
+            "- at '/config/map/cfg/sharing/timeSlicing/resources/0': missing property 'replicas'",
+        ),
+        (
+            {"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": "ten"}]}}},
+            "- at '/config/map/cfg/sharing/mps/resources/0/replicas': got string, want integer",
+        ),
     ],
 )
-def test_inline_object_entries_are_checked_against_the_config_schema(entry: dict[str, Any], message: str) -> None:
+def test_inline_object_entries_are_checked_against_the_config_schema(
+    entry: dict[str, Any], message: str
+) -> None:
     error = render_error({"config": {"map": {"cfg": entry}}})
     assert error.startswith(SCHEMA_ERROR)
     assert message in error
@@ -59,16 +78,30 @@ def test_non_string_non_object_entry_is_refused() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("flags:\n  renameByDefault: true\n",
-         'config.map.cfg: unknown key "renameByDefault" under "flags". Known keys there: deviceDiscoveryStrategy,'),
-        ("version: v1\nsharing:\n  timeslicing: {}\n",
-         'config.map.cfg: unknown key "timeslicing" under "sharing". Known keys there: mps, timeSlicing.'),
-        ("version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replica: 2\n",
-         'config.map.cfg: unknown key "replica" under "sharing.mps.resources[]". Known keys there: devices, name, rename, replicas.'),
-        ("verison: v1\n",
-         'config.map.cfg: unknown top-level key "verison". Known keys: flags, imex, resources, sharing, version.'),
-        ("version: v1\nflags: [\n",
-         "config.map.cfg is not a valid config file: error converting YAML to JSON: yaml: line 2: did not find expected node content."),
+        (
+            "flags:\n  renameByDefault: true\n",
+            'config.map.cfg: unknown key "renameByDefault" under "flags". '
+            "Known keys there: deviceDiscoveryStrategy,",
+        ),
+        (
+            "version: v1\nsharing:\n  timeslicing: {}\n",
+            'config.map.cfg: unknown key "timeslicing" under "sharing". Known keys there: mps, timeSlicing.',
+        ),
+        (
+            "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replica: 2\n",
+            'config.map.cfg: unknown key "replica" under "sharing.mps.resources[]". '
+            "Known keys there: devices, name, rename, replicas.",
+        ),
+        (
+            "verison: v1\n",
+            'config.map.cfg: unknown top-level key "verison". '
+            "Known keys: flags, imex, resources, sharing, version.",
+        ),
+        (
+            "version: v1\nflags: [\n",
+            "config.map.cfg is not a valid config file: error converting YAML to JSON: "
+            "yaml: line 2: did not find expected node content.",
+        ),
         ("- version: v1\n", "config.map.cfg is not a valid config file: "),
     ],
 )
@@ -82,18 +115,36 @@ def test_string_entries_are_parsed_and_their_keys_checked(text: str, message: st
     [
         ({}, "default", "Installing into the 'default' namespace is refused"),
         ({"namespaceOverride": "default"}, "gpu", "Installing into the 'default' namespace is refused"),
-        ({"namespace": "gpu"}, "gpu", "Value 'namespace' is set to \"gpu\", but a namespace in values is not supported."),
-        ({"config": {"name": "mine", "map": {"a": "version: v1\n"}}}, "gpu",
-         "Both 'config.name' (\"mine\") and 'config.map' (entries: a) are set; only one may be."),
-        ({"config": {"map": {"a": "version: v1\n", "b": "version: v1\n"}}}, "gpu",
-         "'config.map' has 2 entries (a, b) and none is selected: set 'config.default' to one of them."),
-        ({"config": {"map": {"a": "version: v1\n"}, "default": "b"}}, "gpu",
-         "'config.default' is \"b\", but 'config.map' has no entry of that name (entries: a)."),
-        ({"config": {"name": "mine", "fallbackStrategies": ["single"]}}, "gpu",
-         "'config.name' is set to \"mine\" but no key of it is selected: set 'config.default'"),
+        (
+            {"namespace": "gpu"},
+            "gpu",
+            "Value 'namespace' is set to \"gpu\", but a namespace in values is not supported.",
+        ),
+        (
+            {"config": {"name": "mine", "map": {"a": "version: v1\n"}}},
+            "gpu",
+            "Both 'config.name' (\"mine\") and 'config.map' (entries: a) are set; only one may be.",
+        ),
+        (
+            {"config": {"map": {"a": "version: v1\n", "b": "version: v1\n"}}},
+            "gpu",
+            "'config.map' has 2 entries (a, b) and none is selected: set 'config.default' to one of them.",
+        ),
+        (
+            {"config": {"map": {"a": "version: v1\n"}, "default": "b"}},
+            "gpu",
+            "'config.default' is \"b\", but 'config.map' has no entry of that name (entries: a).",
+        ),
+        (
+            {"config": {"name": "mine", "fallbackStrategies": ["single"]}},
+            "gpu",
+            "'config.name' is set to \"mine\" but no key of it is selected: set 'config.default'",
+        ),
     ],
 )
-def test_validation_failures_name_the_value_and_the_fix(values: dict[str, Any], namespace: str, message: str) -> None:
+def test_validation_failures_name_the_value_and_the_fix(
+    values: dict[str, Any], namespace: str, message: str
+) -> None:
     assert message in render_error(values, namespace=namespace)
 
 
@@ -107,7 +158,9 @@ def test_embedded_config_schema_matches_config_schema_json() -> None:
 
 def test_embedded_schema_is_rerooted_not_altered() -> None:
     config_schema = json.loads(chart_schema_sync.CONFIG_SCHEMA.read_text(encoding="utf-8"))
-    embedded = json.loads((CHART_DIR / "values.schema.json").read_text(encoding="utf-8"))["$defs"]["nvdpConfig"]
+    embedded = json.loads((CHART_DIR / "values.schema.json").read_text(encoding="utf-8"))["$defs"][
+        "nvdpConfig"
+    ]
     assert "$id" not in embedded
     assert embedded["properties"].keys() == config_schema["properties"].keys()
     refs = json.dumps(embedded).count('"$ref": "#/$defs/nvdpConfig/$defs/')
@@ -121,8 +174,11 @@ def test_key_paths_follow_refs_and_list_items() -> None:
             "additionalProperties": False,
             "properties": {"a": {"$ref": "#/$defs/a"}, "open": {"type": "object", "properties": {"x": {}}}},
             "$defs": {
-                "a": {"type": "object", "additionalProperties": False,
-                      "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/item"}}}},
+                "a": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/item"}}},
+                },
                 "item": {"type": "object", "additionalProperties": False, "properties": {"k": {}}},
             },
         }

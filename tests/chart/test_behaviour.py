@@ -1,0 +1,226 @@
+"""What the chart renders for each option: rights, MPS gating, config selection, names, notes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chart_helm import Manifest, container, env, render, values_file
+
+DATA = Path(__file__).parent / "data"
+PLUGIN = "nvdp-nvidia-device-plugin"
+MPS = "nvdp-nvidia-device-plugin-mps-control-daemon"
+MPS_CONFIG = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+TS_CONFIG = (
+    "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+)
+DROP_ALL = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+SYS_ADMIN = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}
+
+
+def plugin_ctr(values: dict[str, Any]) -> Manifest:
+    return container(render(values).one("DaemonSet", PLUGIN), "nvidia-device-plugin-ctr")
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({}, DROP_ALL),
+        ({"migStrategy": "none"}, DROP_ALL),
+        ({"migStrategy": "single"}, SYS_ADMIN),
+        ({"migStrategy": "mixed"}, SYS_ADMIN),
+        ({"deviceListStrategy": "volume-mounts"}, SYS_ADMIN),
+        ({"deviceListStrategy": ["envvar", "volume-mounts"]}, SYS_ADMIN),
+        ({"deviceListStrategy": "cdi-cri"}, DROP_ALL),
+        ({"config": {"map": {"c": TS_CONFIG}}}, DROP_ALL),
+        ({"config": {"map": {"c": "flags:\n  migStrategy: mixed\n"}}}, SYS_ADMIN),
+        (
+            {"config": {"map": {"c": {"flags": {"plugin": {"deviceListStrategy": ["volume-mounts"]}}}}}},
+            SYS_ADMIN,
+        ),
+        # The env var overrides the file, so the file's MIG strategy never applies.
+        ({"migStrategy": "none", "config": {"map": {"c": "flags:\n  migStrategy: mixed\n"}}}, DROP_ALL),
+        # An existing ConfigMap cannot be read: assume it may use MIG.
+        ({"config": {"name": "mine", "default": "c"}}, SYS_ADMIN),
+        ({"compatWithCPUManager": True}, {"privileged": True}),
+        ({"compatWithCPUManager": False}, DROP_ALL),
+        ({"compatWithCPUManager": True, "securityContext": {"runAsUser": 0}}, {"runAsUser": 0}),
+    ],
+)
+def test_plugin_gets_extra_rights_only_for_features_that_need_them(
+    values: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    assert plugin_ctr(values)["securityContext"] == expected
+
+
+def test_mig_monitoring_env_only_when_mig_is_possible() -> None:
+    assert "NVIDIA_MIG_MONITOR_DEVICES" not in env(plugin_ctr({}))
+    assert env(plugin_ctr({"migStrategy": "mixed"}))["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
+
+
+def test_null_values_leave_binary_defaults_and_typed_values_are_passed() -> None:
+    assert set(env(plugin_ctr({}))) == {
+        "NODE_NAME",
+        "MPS_ROOT",
+        "DEVICE_PLUGIN_PATH",
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+    }
+    variables = env(
+        plugin_ctr(
+            {
+                "failOnInitError": False,
+                "compatWithCPUManager": False,
+                "deviceListStrategy": ["envvar", "cdi-annotations"],
+            }
+        )
+    )
+    assert variables["FAIL_ON_INIT_ERROR"] == "false"
+    assert variables["PASS_DEVICE_SPECS"] == "false"
+    assert variables["DEVICE_LIST_STRATEGY"] == "envvar,cdi-annotations"
+
+
+@pytest.mark.parametrize(
+    ("values", "rendered"),
+    [
+        ({}, False),
+        ({"config": {"map": {"c": TS_CONFIG}}}, False),
+        ({"config": {"map": {"c": MPS_CONFIG}}}, True),
+        ({"config": {"map": {"ts": TS_CONFIG, "mps": MPS_CONFIG}, "default": "ts"}}, True),
+        (
+            {
+                "config": {
+                    "map": {
+                        "c": {"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}
+                    }
+                }
+            },
+            True,
+        ),
+        ({"config": {"map": {"c": MPS_CONFIG}}, "mps": {"enabled": False}}, False),
+        ({"config": {"name": "mine", "default": "c"}}, False),
+        ({"config": {"name": "mine", "default": "c"}, "mps": {"enabled": True}}, True),
+        ({"config": {"map": {"c": MPS_CONFIG}}, "devicePlugin": {"enabled": False}}, False),
+    ],
+)
+def test_mps_daemon_rendered_when_a_config_uses_mps_or_forced(values: dict[str, Any], rendered: bool) -> None:
+    assert (MPS in render(values).daemonsets()) is rendered
+
+
+def test_mps_node_selector_merges_users_and_keeps_the_mps_label() -> None:
+    values = {
+        "config": {"map": {"c": MPS_CONFIG}},
+        "nodeSelector": {"gpu": "yes", "nvidia.com/mps.capable": "no"},
+    }
+    spec = render(values).one("DaemonSet", MPS)["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"gpu": "yes", "nvidia.com/mps.capable": "true"}
+
+
+def test_mps_without_host_pid_shares_the_process_namespace() -> None:
+    values = {"config": {"map": {"c": MPS_CONFIG}}, "mps": {"enableHostPID": False}}
+    spec = render(values).one("DaemonSet", MPS)["spec"]["template"]["spec"]
+    assert "hostPID" not in spec
+    assert spec["shareProcessNamespace"] is True
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        ({"map": {"only": TS_CONFIG}}, "only"),
+        ({"map": {"a": TS_CONFIG, "default": TS_CONFIG}}, "default"),
+        ({"map": {"a": TS_CONFIG, "b": TS_CONFIG}, "default": "b"}, "b"),
+        ({"map": {"only": TS_CONFIG}, "fallbackStrategies": ["named"], "default": "only"}, "only"),
+        ({"map": {"a": TS_CONFIG, "b": TS_CONFIG}, "fallbackStrategies": ["named", "empty"]}, None),
+        ({"name": "mine"}, "default"),
+        ({"name": "mine", "default": "gpu"}, "gpu"),
+    ],
+)
+def test_config_entry_selection(config: dict[str, Any], key: str | None) -> None:
+    ds = render({"config": config}).one("DaemonSet", PLUGIN)
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    variables = env(container(ds, "nvidia-device-plugin-ctr"))
+    if key is None:
+        assert "config" not in volumes
+        assert "CONFIG_FILE" not in variables
+    else:
+        assert volumes["config"]["configMap"]["items"] == [{"key": key, "path": "config.yaml"}]
+        assert volumes["config"]["configMap"]["name"] == config.get("name", f"{PLUGIN}-configs")
+
+
+def test_inline_object_entries_are_rendered_as_yaml() -> None:
+    entry = {"version": "v1", "flags": {"migStrategy": "single"}}
+    cm = render({"config": {"map": {"c": entry}}}).one("ConfigMap")
+    assert cm["data"] == {"c": "flags:\n  migStrategy: single\nversion: v1\n"}
+
+
+def test_checksum_changes_with_the_inline_config() -> None:
+    def checksum(text: str) -> str:
+        ds = render({"config": {"map": {"c": text}}}).one("DaemonSet", PLUGIN)
+        value: str = ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        return value
+
+    assert checksum(TS_CONFIG) != checksum(TS_CONFIG.replace("4", "8"))
+    assert "annotations" not in render({}).one("DaemonSet", PLUGIN)["spec"]["template"]["metadata"]
+
+
+def test_driver_root_mounted_read_only_only_when_set() -> None:
+    assert "driver-root" not in {m["name"] for m in plugin_ctr({})["volumeMounts"]}
+    ctr = plugin_ctr({"nvidiaDriverRoot": "/run/nvidia/driver"})
+    assert {"name": "driver-root", "mountPath": "/driver-root", "readOnly": True} in ctr["volumeMounts"]
+    assert env(ctr)["NVIDIA_DRIVER_ROOT"] == "/run/nvidia/driver"
+
+
+def test_images_default_to_app_version_and_are_independent() -> None:
+    values = {
+        "config": {"map": {"c": MPS_CONFIG}},
+        "image": {"repository": "nvcr.io/nvidia/k8s-device-plugin"},
+    }
+    ds = render(values).daemonsets()
+    assert (
+        container(ds[PLUGIN], "nvidia-device-plugin-ctr")["image"] == "nvcr.io/nvidia/k8s-device-plugin:0.1.0"
+    )
+    assert (
+        container(ds[MPS], "mps-control-daemon-ctr")["image"] == "ghcr.io/nvdp-project/nvdp-mps-daemon:0.1.0"
+    )
+    values["mpsImage"] = {"repository": "example.com/mps", "tag": "v9", "pullPolicy": "Always"}
+    mps = container(render(values).one("DaemonSet", MPS), "mps-control-daemon-ctr")
+    assert (mps["image"], mps["imagePullPolicy"]) == ("example.com/mps:v9", "Always")
+
+
+def test_no_api_access_is_granted() -> None:
+    rendered = render({"config": {"map": {"c": MPS_CONFIG}}})
+    kinds = {o["kind"] for o in rendered.objects}
+    assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+    assert rendered.one("ServiceAccount")["automountServiceAccountToken"] is False
+    for ds in rendered.find("DaemonSet"):
+        assert ds["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_helm_test_pod_requests_one_gpu_and_runs_nvidia_smi() -> None:
+    pod = render({}).one("Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    (ctr,) = pod["spec"]["containers"]
+    assert ctr["command"] == ["nvidia-smi", "-L"]
+    assert ctr["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_nvidia_format_values_file_renders_and_notes_list_ignored_keys() -> None:
+    rendered = render(values_file(DATA / "nvidia-format-values.yaml"))
+    assert sorted(rendered.daemonsets()) == [PLUGIN]
+    assert container(rendered.one("DaemonSet", PLUGIN), "nvidia-device-plugin-ctr")["image"] == (
+        "nvcr.io/nvidia/k8s-device-plugin:0.1.0"
+    )
+    assert (
+        "These values are set but ignored by this chart:\n"
+        "  - gfd.enabled (GPU feature discovery is not shipped)" in rendered.notes
+    )
+
+
+def test_notes_quiet_about_ignored_keys_by_default() -> None:
+    assert "ignored" not in render({}).notes
+
+
+def test_kubelet_root_dir_moves_the_socket_dir() -> None:
+    ctr = plugin_ctr({"devicePlugin": {"kubeletRootDir": "/var/snap/microk8s/common/var/lib/kubelet/"}})
+    assert env(ctr)["DEVICE_PLUGIN_PATH"] == "/var/snap/microk8s/common/var/lib/kubelet/device-plugins"
