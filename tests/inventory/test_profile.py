@@ -32,7 +32,9 @@ def minimal(**gpu: Any) -> dict[str, Any]:
 
 
 def test_every_shipped_profile_loads() -> None:
-    assert list_profiles() == ["a100-sxm-8", "h100-mig-8", "h100-mig-empty", "h100-mig-single", "mixed-4", "t4"]
+    assert list_profiles() == [
+        "a100-sxm-8", "h100-mig-8", "h100-mig-empty", "h100-mig-single", "mixed-4", "t4"
+    ]  # fmt: skip
     for name in list_profiles():
         inventory = load_profile(PROFILES_DIR / f"{name}.yaml")
         n = len(inventory.gpus)
@@ -85,6 +87,21 @@ def test_json_profile_is_accepted(tmp_path: Path) -> None:
     assert inv.gpus[0].numa_node is None
 
 
+def error(doc: Any) -> str:
+    with pytest.raises(ProfileError) as err:
+        inventory_from_profile(doc)
+    return str(err.value)
+
+
+def file_error(path: Path) -> str:
+    with pytest.raises(ProfileError) as err:
+        load_profile(path)
+    return str(err.value)
+
+
+MIG_ON = {"mig_capable": True, "mig_enabled": True}
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -92,61 +109,83 @@ def test_json_profile_is_accepted(tmp_path: Path) -> None:
         ({"memory_mib": 0}, "gpus[0].memory_mib: must be greater than 0"),
         ({"uuid": "8f6b3f2e"}, "gpus[0].uuid: a GPU UUID starts with 'GPU-', got '8f6b3f2e'"),
         ({"index": 3}, "gpus[0].index: is 3, but GPUs must be listed in index order (expected 0)"),
-        ({"compute_capability": 7.5}, "gpus[0].compute_capability: required, expected a non-empty string, got 7.5"),
-        ({"pci_bus_id": "3b:00"}, "gpus[0].pci_bus_id: expected a PCI address like '00000000:3B:00.0', got '3b:00'"),
-        ({"numa_node": -1}, "gpus[0].numa_node: expected a non-negative integer or null, got -1"),
-        ({"mig_enabled": True}, "gpus[0].mig_enabled: true needs mig_capable: true (this GPU cannot run MIG)"),
-        ({"memory": 1}, "gpus[0]: unknown field 'memory' (known fields: compute_capability, compute_mode,"),
-        ({"compute_mode": "EXCLUSIVE"}, "gpus[0].compute_mode: expected one of DEFAULT, PROHIBITED,"),
         (
-            {"mig_capable": True, "mig_enabled": True, "mig_devices": [{"uuid": "MIG-1", "profile": "1g", "gi_id": 1}]},
+            {"compute_capability": 7.5},
+            "gpus[0].compute_capability: required, expected a non-empty string, got 7.5",
+        ),
+        (
+            {"pci_bus_id": "3b:00"},
+            "gpus[0].pci_bus_id: expected a PCI address like '00000000:3B:00.0', got '3b:00'",
+        ),
+        ({"numa_node": -1}, "gpus[0].numa_node: expected a non-negative integer or null, got -1"),
+        (
+            {"mig_enabled": True},
+            "gpus[0].mig_enabled: true needs mig_capable: true (this GPU cannot run MIG)",
+        ),
+        (
+            {"memory": 1},
+            "gpus[0]: unknown field 'memory' (known fields: compute_capability, compute_mode, index, "
+            "memory_mib, mig_capable, mig_devices, mig_enabled, mig_pending, minor, name, numa_node, "
+            "pci_bus_id, uuid, xid_events)",
+        ),
+        (
+            {"compute_mode": "EXCLUSIVE"},
+            "gpus[0].compute_mode: expected one of DEFAULT, PROHIBITED, EXCLUSIVE_PROCESS, got 'EXCLUSIVE'",
+        ),
+        (
+            {"mig_devices": [{"uuid": "MIG-1"}]},
+            "gpus[0].mig_devices: listed, but mig_enabled is not true",
+        ),
+        (
+            {**MIG_ON, "mig_devices": [{"uuid": "MIG-1", "profile": "1g", "gi_id": 1}]},
             "gpus[0].mig_devices[0].profile: expected a MIG profile like '1g.10gb' or '1g.10gb+me', got '1g'",
+        ),
+        (
+            {**MIG_ON, "mig_devices": [{"uuid": "MIG-1", "profile": "1g.10gb", "gi_id": 1, "memory_mib": 9}]},
+            "gpus[0].mig_devices[0].ci_id: required, expected a non-negative integer, got nothing",
         ),
     ],
 )
 def test_gpu_field_errors(change: dict[str, Any], message: str) -> None:
-    with pytest.raises(ProfileError) as err:
-        inventory_from_profile(minimal(**change))
-    assert str(err.value).startswith(message)
+    assert error(minimal(**change)) == message
 
 
 def test_topology_errors() -> None:
-    doc = minimal()
-    doc["nvlinks"] = [{"gpus": [0, 1], "links": 2}]
-    with pytest.raises(ProfileError, match=r"^nvlinks\[0\]\.gpus: 1 is not a GPU index of this profile \(0\.\.0\)$"):
-        inventory_from_profile(doc)
-    doc = minimal()
-    doc["pcie"] = {"default": "numa"}
-    with pytest.raises(ProfileError, match="^pcie.default: expected one of internal, single, multiple, hostbridge"):
-        inventory_from_profile(doc)
-    doc = minimal()
-    doc["nvswitch"] = {"links_per_gpu": 40}
-    with pytest.raises(ProfileError, match="^nvlinks: GPU 0 has 40 NVLink links; NVML reports at most 36$"):
-        inventory_from_profile(doc)
+    assert (
+        error(dict(minimal(), nvlinks=[{"gpus": [0, 1], "links": 2}]))
+        == "nvlinks[0].gpus: 1 is not a GPU index of this profile (0..0)"
+    )
+    assert error(dict(minimal(), pcie={"default": "numa"})) == (
+        "pcie.default: expected one of internal, single, multiple, hostbridge, node, system, got 'numa'"
+    )
+    assert error(dict(minimal(), nvswitch={"links_per_gpu": 40})) == (
+        "nvlinks: GPU 0 has 40 NVLink links; NVML reports at most 36"
+    )
 
 
 def test_duplicate_uuid_and_top_level_errors() -> None:
     doc = minimal()
     doc["gpus"].append(dict(doc["gpus"][0], index=1, minor=1))
-    with pytest.raises(ProfileError, match="UUID GPU-11111111-2222-3333-4444-555555555555 is used twice"):
-        inventory_from_profile(doc)
-    with pytest.raises(ProfileError, match=r"^cuda_driver_version: expected \"major.minor\" like \"12.4\", got '12'$"):
-        inventory_from_profile(dict(minimal(), cuda_driver_version="12"))
-    with pytest.raises(ProfileError, match="^gpus: expected a list of GPUs, got nothing$"):
-        inventory_from_profile({"driver_version": "1", "cuda_driver_version": "12.4"})
-    with pytest.raises(ProfileError, match="^the top level must be a mapping of fields, got list$"):
-        inventory_from_profile([])  # type: ignore[arg-type]
+    assert error(doc) == (
+        "gpus[1]: UUID GPU-11111111-2222-3333-4444-555555555555 is used twice; every device needs its own"
+    )
+    assert error(dict(minimal(), cuda_driver_version="12")) == (
+        'cuda_driver_version: expected "major.minor" like "12.4", got \'12\''
+    )
+    assert error({"driver_version": "1", "cuda_driver_version": "12.4"}) == (
+        "gpus: expected a list of GPUs, got nothing"
+    )
+    assert error([]) == "the top level must be a mapping of fields, got list"
 
 
 def test_file_errors_name_the_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
-    with pytest.raises(ProfileError, match=f"^node profile {missing}: cannot read it: No such file or directory$"):
-        load_profile(missing)
+    assert file_error(missing) == f"node profile {missing}: cannot read it: No such file or directory"
     broken = tmp_path / "broken.yaml"
     broken.write_text("gpus: [\n")
-    with pytest.raises(ProfileError, match=f"^node profile {broken}: not valid YAML: "):
-        load_profile(broken)
+    assert file_error(broken).startswith(f"node profile {broken}: not valid YAML: ")
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(minimal(minor="zero")))
-    with pytest.raises(ProfileError, match=f"^node profile {bad}: gpus\\[0\\].minor: required, expected a non-neg"):
-        load_profile(bad)
+    assert file_error(bad) == (
+        f"node profile {bad}: gpus[0].minor: required, expected a non-negative integer, got 'zero'"
+    )
