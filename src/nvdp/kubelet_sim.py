@@ -180,6 +180,17 @@ class KubeletSim:
                 raise TimeoutError(f"{name}: wanted {want} within {timeout:g}s, saw {seen}")
             return [dict(d) for d in self._plugins[name].devices or []]
 
+    def wait_for_disconnect(self, name: str, timeout: float = 5.0) -> None:
+        """Block until the plugin serving `name` is gone (its stream ended, or it never registered)."""
+
+        def gone() -> bool:
+            plugin = self._plugins.get(name)
+            return plugin is None or not plugin.connected
+
+        with self._lock:
+            if not self._lock.wait_for(gone, timeout=timeout):
+                raise TimeoutError(f"{name}: the plugin was still connected after {timeout:g}s")
+
     # -- calls the kubelet makes ------------------------------------------------------------------------
 
     def allocate(self, name: str, ids: list[list[str]], timeout: float = 5.0) -> Event:

@@ -34,8 +34,8 @@ PCIE_SCORES: dict[int, int] = {
     50: 10,  # across NUMA nodes
 }
 NVLINK_SCORE = 100  # per active link
-# Above this many candidate sets, search greedily instead of trying them all.
-EXHAUSTIVE_LIMIT = 5000
+# Try every candidate set while that costs at most this many pair scores; search greedily above it.
+EXHAUSTIVE_LIMIT = 20000
 
 
 def pair_score(nvlinks: int, pcie_level: int) -> int:
@@ -75,13 +75,19 @@ class PreferredAllocator:
                 usable=device.healthy and gpu is not None,
             )
             self._group_totals[device.base_id] = self._group_totals.get(device.base_id, 0) + 1
-        # Without a link record for a pair, NUMA placement still tells same-CPU from cross-CPU pairs.
-        self._numa = {g.index: g.numa_node for g in inventory.gpus if g.numa_node is not None}
-        self._scores: dict[tuple[int, int], int] = {}
-        for link in inventory.links:
-            score = pair_score(link.nvlinks, link.pcie_level)
-            self._scores[(link.a, link.b)] = score
-            self._scores[(link.b, link.a)] = score
+        # Every pair's score, computed once: from the link record, else from NUMA placement (same-CPU vs
+        # cross-CPU), else 0. Keyed by GPU index; the search only looks values up.
+        numa = {g.index: g.numa_node for g in inventory.gpus if g.numa_node is not None}
+        linked = {
+            (min(lk.a, lk.b), max(lk.a, lk.b)): pair_score(lk.nvlinks, lk.pcie_level)
+            for lk in inventory.links
+        }
+        self._scores: dict[int, dict[int, int]] = {a: {} for a in known_gpus}
+        for a, b in itertools.permutations(sorted(known_gpus), 2):
+            score = linked.get((min(a, b), max(a, b)))
+            if score is None and a in numa and b in numa:
+                score = PCIE_SCORES[40] if numa[a] == numa[b] else PCIE_SCORES[50]
+            self._scores[a][b] = score or 0
 
     # -- public -----------------------------------------------------------------------------------------
 
@@ -121,13 +127,7 @@ class PreferredAllocator:
     def _score(self, a: _Candidate, b: _Candidate) -> int:
         if a.gpu is None or b.gpu is None:
             return 0
-        score = self._scores.get((a.gpu, b.gpu))
-        if score is not None:
-            return score
-        numa_a, numa_b = self._numa.get(a.gpu), self._numa.get(b.gpu)
-        if numa_a is None or numa_b is None:
-            return 0
-        return PCIE_SCORES[40] if numa_a == numa_b else PCIE_SCORES[50]
+        return self._scores[a.gpu].get(b.gpu, 0)
 
     def _set_score(self, members: Sequence[_Candidate]) -> int:
         return sum(self._score(a, b) for a, b in itertools.combinations(members, 2))
@@ -140,7 +140,7 @@ class PreferredAllocator:
         take = min(needed, len(usable))
         if take == 0:
             chosen: list[_Candidate] = []
-        elif math.comb(len(usable), take) <= EXHAUSTIVE_LIMIT:
+        elif math.comb(len(usable), take) * math.comb(len(required) + take, 2) <= EXHAUSTIVE_LIMIT:
             chosen = self._best_exhaustive(required, usable, take)
         else:
             chosen = self._best_greedy(required, usable, take)
@@ -169,22 +169,23 @@ class PreferredAllocator:
         return members
 
     def _improve(self, fixed: int, members: list[_Candidate], pool: list[_Candidate]) -> list[_Candidate]:
-        """Swap single members for outsiders while that raises the set's score (members[:fixed] stay)."""
+        """Swap single members for outsiders while that raises the set's score (members[:fixed] stay).
+
+        A swap's gain is computed from the two devices' links to the rest, so one pass is O(size * pool).
+        """
         members = list(members)
-        score = self._set_score(members)
         improved = True
         while improved:
             improved = False
             outside = [c for c in pool if c not in members]
             for k in range(fixed, len(members)):
-                for candidate in outside:
-                    trial = [*members[:k], candidate, *members[k + 1 :]]
-                    trial_score = self._set_score(trial)
-                    if trial_score > score:
-                        members, score, improved = trial, trial_score, True
-                        break
-                if improved:
-                    break
+                others = members[:k] + members[k + 1 :]
+                current = sum(self._score(members[k], o) for o in others)
+                gains = [sum(self._score(c, o) for o in others) - current for c in outside]
+                best = max(range(len(outside)), key=lambda j: (gains[j], -outside[j].order), default=None)
+                if best is not None and gains[best] > 0:
+                    members[k], outside[best] = outside[best], members[k]
+                    improved = True
         return members
 
     def _best_greedy(
