@@ -14,3 +14,6 @@ class FakeModes:
 
     def restore(self, uuids: Iterable[str]) -> None:
         self.calls.append(("DEFAULT", list(uuids)))
+
+    def close(self) -> None:
+        self.calls.append(("close", []))

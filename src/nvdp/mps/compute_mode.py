@@ -8,6 +8,8 @@ from typing import Protocol
 
 import pynvml
 
+from nvdp.inventory.nvml import load_library
+
 MODE_NAMES = {
     pynvml.NVML_COMPUTEMODE_DEFAULT: "DEFAULT",
     pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD: "EXCLUSIVE_THREAD",
@@ -25,11 +27,15 @@ class ComputeModes(Protocol):
 
     def restore(self, uuids: Iterable[str]) -> None: ...
 
+    def close(self) -> None: ...
+
 
 class NvmlComputeModes:
     """Sets modes with nvmlDeviceSetComputeMode; NVML stays initialised while this object is used."""
 
-    def __init__(self) -> None:
+    def __init__(self, container_driver_root: str = "/driver-root") -> None:
+        # The same libnvidia-ml the inventory used (the driver root's copy when the runtime mounts one).
+        load_library(container_driver_root)
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as err:

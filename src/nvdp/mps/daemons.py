@@ -42,9 +42,12 @@ class Daemons:
         self.log = log
         self.probe_interval_s = probe_interval_s
         self.running: list[ResourceDaemon] = []
+        self.modes: ComputeModes | None = None
 
     def start(self) -> None:
-        modes = self.modes_factory()
+        if not self.settings:
+            return
+        self.modes = modes = self.modes_factory()
         for settings in self.settings:
             daemon = ResourceDaemon(
                 settings,
@@ -59,3 +62,6 @@ class Daemons:
     def stop(self) -> None:
         while self.running:
             self.running.pop().stop()
+        if self.modes is not None:
+            self.modes.close()
+            self.modes = None

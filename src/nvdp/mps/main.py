@@ -16,14 +16,15 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
 from nvdp import __version__
 from nvdp.mps import shm
 from nvdp.mps.commands import MpsConfigError, MpsSettings
-from nvdp.mps.compute_mode import ComputeModeError, NvmlComputeModes
+from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeModes
 from nvdp.mps.daemons import Daemons, plan_mps
 from nvdp.mps.paths import container_root, shm_dir
 from nvdp.mps.supervisor import DEFAULT_PROBE_INTERVAL_S
@@ -113,15 +114,18 @@ class Signals:
         self.wake.clear()
 
 
-def load_settings(args: argparse.Namespace) -> tuple[str, list[MpsSettings]]:
+def load_settings(
+    args: argparse.Namespace,
+) -> tuple[str, list[MpsSettings], Callable[[], ComputeModes]]:
     """Config source and MPS settings; raises the config, inventory, plan or MPS error as is."""
     from nvdp.config.flags import overrides_from_args
     from nvdp.config.loader import load_config
     from nvdp.inventory.nvml import discover
 
-    config = load_config(overrides=overrides_from_args(args))
-    inventory = discover()
-    return config.source, plan_mps(config, inventory)
+    config = load_config(args.config_file, None, overrides_from_args(args))
+    inventory = discover(config.flags.nvidia_driver_root, config.flags.plugin.container_driver_root)
+    modes_factory = partial(NvmlComputeModes, config.flags.plugin.container_driver_root)
+    return config.source, plan_mps(config, inventory), modes_factory
 
 
 def start_errors() -> tuple[type[BaseException], ...]:
@@ -143,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         while True:
             try:
-                source, settings = load_settings(args)
+                source, settings, modes_factory = load_settings(args)
             except errors as err:
                 if current is None:
                     log.error("cannot start: %s", err)
@@ -154,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
                     log.info("reloading: stopping the running MPS daemons")
                     current.stop()
                 log.info("config: %s", source)
-                current = Daemons(settings, root, NvmlComputeModes, log, probe_interval)
+                current = Daemons(settings, root, modes_factory, log, probe_interval)
                 if not settings:
                     log.info("no resource is shared with MPS in %s; nothing to do", source)
                 for item in settings:

@@ -116,9 +116,9 @@ class MpsGate:
     def watch(self, on_change: Callable[[bool], None], ready: bool = True) -> None:
         """Probe every probe_interval_s in a thread; call on_change(ready) whenever readiness flips.
 
-        `ready` is the state the caller already acts on (True after wait_until_ready).
+        `ready` is the state the caller already acts on (True after wait_until_ready). After close()
+        the watcher ends at once: a gate is not reused.
         """
-        self._stop.clear()
 
         def loop() -> None:
             state = ready
