@@ -9,8 +9,8 @@ from nvdp.inventory.model import Inventory
 from nvdp.plan.errors import PlanError
 from nvdp.plan.model import REPLICA_SEPARATOR, PlannedDevice, PlannedResource
 
-# Most MPS clients per GPU (NVIDIA's MPS daemon check): Volta MPS and later allow 48 from
-# compute capability 7.5, older GPUs 16.
+# Most MPS clients per GPU, as NVIDIA's MPS daemon checks it: 48 from compute capability 7.5,
+# 16 below (pre-Volta MPS limit).
 MPS_MAX_CLIENTS = 48
 MPS_MAX_CLIENTS_BEFORE_7_5 = 16
 
@@ -27,15 +27,10 @@ class _SharedGroup:
     devices: tuple[PlannedDevice, ...]  # physical devices, before replication
 
 
-def _sort_key(device: PlannedDevice) -> tuple[int, ...]:
-    parts = tuple(int(p) for p in device.index.split(":"))
-    mig = parts[1] if len(parts) > 1 else -1
-    return (parts[0], mig, -1 if device.replica is None else device.replica)
-
-
-def device_sort_key(device: PlannedDevice) -> tuple[int, ...]:
+def device_sort_key(device: PlannedDevice) -> tuple[int, int, int]:
     """GPU index, then MIG index (a whole GPU first), then replica."""
-    return _sort_key(device)
+    gpu, _, mig = device.index.partition(":")
+    return (int(gpu), int(mig) if mig else -1, -1 if device.replica is None else device.replica)
 
 
 def _ref_matches(ref: str, device: PlannedDevice) -> bool:
@@ -92,50 +87,68 @@ def apply_sharing(
 ) -> list[PlannedResource]:
     """Turn unshared resources into the advertised ones: replicated, renamed, or left as they are."""
     key, replicated = chosen_replicated_resources(sharing)
-    strategy = sharing.strategy
-    if strategy == "mps" and sharing.time_slicing is not None and sharing.time_slicing.resources:
+    if sharing.strategy == "mps" and sharing.time_slicing is not None and sharing.time_slicing.resources:
         warnings.append(
             "sharing.timeSlicing is ignored because sharing.mps is set; a node uses one sharing "
             "strategy: remove one of the two blocks"
         )
+    if replicated is None:
+        return _assemble(base, [], sharing, False)
+    groups = _shared_groups(key, replicated, base, inventory, warnings)
+    return _assemble(base, groups, sharing, replicated.fail_requests_greater_than_one)
+
+
+def _shared_groups(
+    key: str,
+    replicated: ReplicatedResources,
+    base: dict[str, list[PlannedDevice]],
+    inventory: Inventory,
+    warnings: list[str],
+) -> list[_SharedGroup]:
+    """The devices each sharing entry takes, checked: one entry per device, MPS limits."""
     groups: list[_SharedGroup] = []
     claimed: dict[str, str] = {}  # device base_id -> label of the entry that shares it
-    if replicated is not None:
-        for i, entry in enumerate(replicated.resources):
-            label = f"sharing.{key}.resources[{i}]"
-            devices = base.get(entry.name)
-            if not devices:
-                existing = ", ".join(sorted(base)) or "none"
-                warnings.append(
-                    f"{label}: no resource named {entry.name} on this node (resources: {existing}); "
-                    "the entry has no effect"
+    for i, entry in enumerate(replicated.resources):
+        label = f"sharing.{key}.resources[{i}]"
+        devices = base.get(entry.name)
+        if not devices:
+            existing = ", ".join(sorted(base)) or "none"
+            warnings.append(
+                f"{label}: no resource named {entry.name} on this node (resources: {existing}); "
+                "the entry has no effect"
+            )
+            continue
+        if entry.replicas <= 1:
+            continue  # `replicas: 1` switches sharing off for this resource
+        selected = _select(entry.devices, devices, label, entry.name, warnings)
+        if not selected:
+            continue  # an empty list, or every ref missed (_select said which)
+        for device in selected:
+            if device.base_id in claimed:
+                raise PlanError(
+                    f"{label}: device {device.index} ({device.base_id}) of {entry.name} is already "
+                    f"shared by {claimed[device.base_id]}; a device can be in one sharing entry only: "
+                    "give the entries disjoint `devices` lists"
                 )
-                continue
-            if entry.replicas <= 1:
-                continue  # `replicas: 1` switches sharing off for this resource
-            selected = _select(entry.devices, devices, label, entry.name, warnings)
-            if not selected:
-                continue  # every ref missed; _select said which
-            for device in selected:
-                if device.base_id in claimed:
-                    raise PlanError(
-                        f"{label}: device {device.index} ({device.base_id}) of {entry.name} is already "
-                        f"shared by {claimed[device.base_id]}; a device can be in one sharing entry only: "
-                        "give the entries disjoint `devices` lists"
-                    )
-                claimed[device.base_id] = label
-            if key == "mps":
-                _check_mps(label, entry, selected, inventory)
-            groups.append(_SharedGroup(label, entry, entry.rename or entry.name, tuple(selected)))
+            claimed[device.base_id] = label
+        if key == "mps":
+            _check_mps(label, entry, selected, inventory)
+        groups.append(_SharedGroup(label, entry, entry.rename or entry.name, tuple(selected)))
+    return groups
 
+
+def _assemble(
+    base: dict[str, list[PlannedDevice]], groups: list[_SharedGroup], sharing: Sharing, fail_gt1: bool
+) -> list[PlannedResource]:
+    """Unshared leftovers plus one replicated resource per group, refusing two owners of a name."""
+    shared = {d.base_id for g in groups for d in g.devices}
     out: dict[str, PlannedResource] = {}
     owners: dict[str, str] = {}
     for name, devices in base.items():
-        rest = tuple(d for d in devices if d.base_id not in claimed)
+        rest = tuple(d for d in devices if d.base_id not in shared)
         if rest:
             out[name] = PlannedResource(name=name, devices=rest, source_name=name)
             owners[name] = f"the unshared devices of {name}"
-    fail_gt1 = replicated.fail_requests_greater_than_one if replicated is not None else False
     for group in groups:
         if group.target in out:
             raise PlanError(_collision(group, owners[group.target], base))
@@ -147,7 +160,7 @@ def apply_sharing(
         out[group.target] = PlannedResource(
             name=group.target,
             devices=tuple(sorted(replicas, key=device_sort_key)),
-            sharing=strategy,
+            sharing=sharing.strategy,
             replicas=group.entry.replicas,
             fail_requests_greater_than_one=fail_gt1,
             source_name=group.entry.name,
