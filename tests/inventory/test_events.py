@@ -158,3 +158,29 @@ def test_cli_injects_into_a_running_loop(make_node: Callable[[str], NodeSim]) ->
         cli = [sys.executable, "-m", "sim.nvml", "inject-xid", "--state-dir", str(node.state_dir)]
         subprocess.run([*cli, "--uuid", uuid, "--xid", "31"], check=True, cwd=str(node.library.parents[2]))
         assert loop.wait(5000)[:4] == ["EVENT", uuid, str(XID), "31"]
+
+
+def test_second_thread_queries_while_waiting(make_node: Callable[[str], NodeSim], run_py: RunPy) -> None:
+    node = make_node("a100-sxm-8")
+    uuid = node.inventory.gpus[5].uuid
+    code = """
+import os, sys, threading
+import pynvml as n
+n.nvmlInit()
+events = n.nvmlEventSetCreate()
+handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
+for h in handles:
+    n.nvmlDeviceRegisterEvents(h, 8, events)
+seen = []
+waiter = threading.Thread(target=lambda: seen.append(n.nvmlEventSetWait_v2(events, 10000)))
+waiter.start()
+names = {n.nvmlDeviceGetName(h) for _ in range(50) for h in handles}
+levels = {n.nvmlDeviceGetTopologyCommonAncestor(handles[0], h) for h in handles[1:]}
+with open(os.path.join(os.environ["NVML_SIM_STATE_DIR"], "events"), "a") as f:
+    f.write(sys.argv[1] + " 63\\n")
+waiter.join()
+print(sorted(names), sorted(levels), n.nvmlDeviceGetUUID(seen[0].device), seen[0].eventData)
+"""
+    result = run_py(code, node.env, uuid)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"['NVIDIA A100-SXM4-40GB'] [20, 40, 50] {uuid} 63"
