@@ -83,7 +83,7 @@ def _gfd_fields(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def health_check_tokens(value: object) -> tuple[str, ...]:
-    """"all", "xids" or XID numbers, lower-cased, as the health checker reads them."""
+    """ "all", "xids" or XID numbers, lower-cased, as the health checker reads them."""
     raw = value.split(",") if isinstance(value, str) else value if isinstance(value, list) else [value]
     tokens: list[str] = []
     for item in raw:

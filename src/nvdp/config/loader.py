@@ -141,4 +141,3 @@ def _line(parsed: ParsedDocument, path: DocPath) -> int | None:
 
 def _issue_order(issue: ConfigIssue) -> tuple[bool, int, str]:
     return (issue.line is None, issue.line or 0, issue.path)
-

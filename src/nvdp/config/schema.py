@@ -136,9 +136,9 @@ def snake_case(name: str) -> str:
     return "_".join(word.lower() for word in _WORD.findall(name))
 
 
-def iter_defaults(node: SchemaNode | None = None, prefix: tuple[str, ...] = ()) -> Iterator[
-    tuple[tuple[str, ...], Any]
-]:
+def iter_defaults(
+    node: SchemaNode | None = None, prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], Any]]:
     """(key path, default) for every leaf that declares a default; objects are walked, not reported."""
     node = resolve(load_schema()) if node is None else node
     for name, sub in object_properties(node).items():

@@ -24,11 +24,14 @@ def semantic_issues(doc: Mapping[Any, Any], locate: Locate) -> list[ConfigIssue]
         shown = None if value is None else show_value(value)
         issues.append(ConfigIssue(source, format_path(path), message, line=line, value=shown, fix=fix))
 
-    def check_name(path: DocPath, name: object, fix: str) -> None:
+    def check_name(path: DocPath, name: object, fix: str) -> bool:
+        """False when `name` is a string that cannot be a resource name."""
         if isinstance(name, str) and name:
             problem = resource_name_problem(qualify_resource_name(name))
             if problem is not None:
                 add(path, f"bad resource name: {problem}", None, fix)
+                return False
+        return True
 
     resources = _mapping(doc.get("resources"))
     for kind in ("gpus", "mig"):
@@ -43,13 +46,13 @@ def semantic_issues(doc: Mapping[Any, Any], locate: Locate) -> list[ConfigIssue]
         for i, entry in _items(block.get("resources")):
             base: DocPath = ("sharing", kind, "resources", i)
             name = entry.get("name")
-            check_name((*base, "name"), name, "name a resource the node has, e.g. nvidia.com/gpu")
+            name_ok = check_name((*base, "name"), name, "name a resource the node has, e.g. nvidia.com/gpu")
             rename = entry.get("rename")
             check_name((*base, "rename"), rename, "e.g. gpu.shared")
             if isinstance(name, str) and name:
                 qualified = qualify_resource_name(name)
                 names[kind].setdefault(qualified, (*base, "name"))
-                if rename_by_default and not rename:
+                if rename_by_default and not rename and name_ok:
                     problem = resource_name_problem(qualified + SHARED_SUFFIX)
                     if problem is not None:
                         add(
@@ -70,10 +73,11 @@ def semantic_issues(doc: Mapping[Any, Any], locate: Locate) -> list[ConfigIssue]
     flags = _mapping(doc.get("flags"))
     if isinstance(sharing.get("mps"), Mapping):
         if flags.get("migStrategy") == "mixed":
-            source, _ = locate(("flags", "migStrategy"))
+            mig_source, _ = locate(("flags", "migStrategy"))
+            by = "" if mig_source == locate(("sharing", "mps"))[0] else f" (set by {mig_source})"
             add(
                 ("sharing", "mps"),
-                f"MPS sharing is not supported with migStrategy mixed (set by {source})",
+                f"MPS sharing is not supported with migStrategy mixed{by}",
                 None,
                 "use migStrategy none or single, or share with sharing.timeSlicing",
             )

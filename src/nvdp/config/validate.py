@@ -72,12 +72,12 @@ def _describe(error: ValidationError, locate: Locate) -> list[ConfigIssue]:
         meant = _intended_branch(error)
         if meant is not None:
             whole = f"expected {expected_phrase(node)}"
-            # Problems with the value itself are best answered with every accepted form.
-            return [
-                replace(issue, fix=whole) if issue.path == format_path(path) else issue
-                for sub in meant
-                for issue in _describe(sub, locate)
-            ]
+            issues: list[ConfigIssue] = []
+            for sub in meant:
+                # A value of the right type but not an allowed one: show every accepted form.
+                widen = sub.validator in ("const", "enum") and not sub.relative_path
+                issues.extend(replace(i, fix=whole) if widen else i for i in _describe(sub, locate))
+            return issues
         return [_issue(locate, path, "has the wrong form", got, f"expected {expected_phrase(node)}")]
     messages = {
         "type": "has the wrong type",
@@ -90,7 +90,10 @@ def _describe(error: ValidationError, locate: Locate) -> list[ConfigIssue]:
         "uniqueItems": "lists the same item twice",
     }
     message = messages.get(str(keyword), error.message)
-    return [_issue(locate, path, message, got, f"expected {expected_phrase(node)}")]
+    fix = f"expected {expected_phrase(node)}"
+    if keyword == "minItems" and error.validator_value == 1:
+        message, fix = "must not be empty", "add at least one entry"
+    return [_issue(locate, path, message, got, fix)]
 
 
 def _intended_branch(error: ValidationError) -> list[ValidationError] | None:
@@ -150,7 +153,7 @@ def _lower_first(text: str) -> str:
 
 
 def suggest_key(parent: DocPath, key: str) -> str:
-    """"did you mean <known key path>?" for an unknown key, searching the whole schema."""
+    """ "did you mean <known key path>?" for an unknown key, searching the whole schema."""
     known = key_paths()
     generic_parent = tuple("[]" if isinstance(p, int) else str(p) for p in parent)
     here = (*generic_parent, key)

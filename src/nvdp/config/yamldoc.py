@@ -54,7 +54,7 @@ def parse_document(data: str | bytes, source: str) -> ParsedDocument:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
-        problem = exc.problem or exc.context or "cannot be parsed"
+        problem = ", ".join(part for part in (exc.context, exc.problem) if part) or "cannot be parsed"
         raise ConfigError(
             [ConfigIssue(source, "", f"not valid YAML: {problem}", line=line, fix="fix the YAML syntax")]
         ) from None
