@@ -176,8 +176,10 @@ class KubeletSim:
                     good = sum(1 for d in plugin.devices if d["health"] == "Healthy")
                     state = "connected" if plugin.connected else "disconnected"
                     seen = f"{len(plugin.devices)} devices, {good} healthy ({state})"
-                want = f"count={count}, healthy={healthy}"
-                raise TimeoutError(f"{name}: wanted {want} within {timeout:g}s, saw {seen}")
+                wanted = [f"{count} devices" if count is not None else "a device list"]
+                if healthy is not None:
+                    wanted.append(f"{healthy} healthy")
+                raise TimeoutError(f"{name}: wanted {', '.join(wanted)} within {timeout:.3g}s, saw {seen}")
             return [dict(d) for d in self._plugins[name].devices or []]
 
     def wait_for_disconnect(self, name: str, timeout: float = 5.0) -> None:
@@ -189,7 +191,7 @@ class KubeletSim:
 
         with self._lock:
             if not self._lock.wait_for(gone, timeout=timeout):
-                raise TimeoutError(f"{name}: the plugin was still connected after {timeout:g}s")
+                raise TimeoutError(f"{name}: the plugin was still connected after {timeout:.3g}s")
 
     # -- calls the kubelet makes ------------------------------------------------------------------------
 
