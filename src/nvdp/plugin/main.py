@@ -203,7 +203,8 @@ class PluginProcess:
 
     def shutdown(self) -> None:
         if self.health is not None:
-            self.health.stop()
+            # Do not wait out the health thread's NVML wait: the process is about to exit anyway.
+            self.health.stop(timeout=0)
         if self.watcher is not None:
             self.watcher.stop()
         if self.manager is not None:
