@@ -20,8 +20,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     config_cli.register(sub)
     plan_cli.register(sub)
     args = parser.parse_args(argv)
-    handler = args.handler
-    return int(handler(args))
+    try:
+        return int(args.handler(args))
+    except BrokenPipeError:
+        # `nvdp plan --json | head` closes the pipe early; that is not an error worth a traceback.
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
