@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nvdp.config.build import build_config
+from nvdp.config.document import config_to_document
 from nvdp.config.issues import ConfigError, ConfigIssue, DocPath
 from nvdp.config.model import Config
 from nvdp.config.schema import accepted_types, node_at
@@ -20,7 +21,7 @@ from nvdp.config.sources import CONFIG_FILE_ENV, ENV_VARS, convert_text, flag_fo
 from nvdp.config.validate import Locate, schema_issues
 from nvdp.config.yamldoc import ParsedDocument, parse_document
 
-__all__ = ["ENV_VARS", "ConfigError", "ConfigIssue", "load_config", "load_config_text"]
+__all__ = ["ENV_VARS", "ConfigError", "ConfigIssue", "config_to_document", "load_config", "load_config_text"]
 
 
 def load_config(
