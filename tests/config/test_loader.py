@@ -121,6 +121,17 @@ def test_yaml_merge_keys_work() -> None:
     ]
 
 
+def test_empty_keys_count_as_not_set() -> None:
+    config = load("null-sections.yaml")
+    assert config.flags == Config().flags
+    assert config.imex == Config().imex
+    assert config.sharing.mps is None
+    assert config.sharing.time_slicing is not None
+    assert config.sharing.time_slicing.resources == (ReplicatedResource(name="nvidia.com/gpu", replicas=2),)
+    with_env = load_config(str(VALID / "null-sections.yaml"), env={"MIG_STRATEGY": "single"})
+    assert with_env.flags.mig_strategy == "single"
+
+
 def test_no_file_gives_defaults() -> None:
     assert load_config(None, env={}) == Config()
     assert load("empty.yaml") == Config(source=str(VALID / "empty.yaml"))

@@ -15,7 +15,7 @@ from nvdp.config.build import build_config
 from nvdp.config.document import config_to_document
 from nvdp.config.issues import ConfigError, ConfigIssue, DocPath
 from nvdp.config.model import Config
-from nvdp.config.schema import accepted_types, node_at
+from nvdp.config.schema import SchemaNode, accepted_types, child, node_at
 from nvdp.config.semantic import semantic_issues
 from nvdp.config.sources import CONFIG_FILE_ENV, ENV_VARS, convert_text, flag_for_path, split_path
 from nvdp.config.validate import Locate, schema_issues
@@ -68,6 +68,7 @@ def load_config_text(
     env = os.environ if env is None else env
     parsed = parse_document(data, source) if data is not None else ParsedDocument({})
     doc: dict[Any, Any] = copy.deepcopy(parsed.doc)  # YAML aliases share objects; keep edits local
+    drop_unset(doc, node_at(()))
     origins: dict[DocPath, str] = {}
     issues: list[ConfigIssue] = []
 
@@ -104,6 +105,21 @@ def _checked(doc: dict[Any, Any], locate: Locate) -> list[ConfigIssue]:
         return [ConfigIssue(source, "", "the document refers to itself", fix="remove the looping alias")]
 
 
+def drop_unset(value: object, node: SchemaNode | None) -> None:
+    """Remove keys set to null (`flags:` with everything under it commented out): they mean "not set",
+    as in NVIDIA's plugin, unless the schema gives null a meaning of its own."""
+    if isinstance(value, dict):
+        for key in list(value):
+            sub = child(node, key) if node is not None and isinstance(key, str) else None
+            if value[key] is None and sub is not None and "null" not in accepted_types(sub):
+                del value[key]
+            else:
+                drop_unset(value[key], sub)
+    elif isinstance(value, list) and node is not None:
+        for item in value:
+            drop_unset(item, child(node, 0))
+
+
 def _apply(
     doc: dict[Any, Any],
     origins: dict[DocPath, str],
@@ -126,7 +142,9 @@ def _apply(
     for key in keys[:-1]:
         if not isinstance(target, dict):
             return  # the file has a non-mapping here; the schema reports it
-        target = target.setdefault(key, {})
+        if target.get(key) is None:
+            target[key] = {}
+        target = target[key]
     if isinstance(target, dict):
         target[keys[-1]] = value
         origins[keys] = source
