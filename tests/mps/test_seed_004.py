@@ -146,3 +146,21 @@ def test_invalid_replicas_stop_the_daemon_with_the_fix(node: MpsNode) -> None:
     assert daemon.wait() == 1
     assert "set replicas to 48 or less" in daemon.output()
     assert "Traceback" not in daemon.output()
+
+
+def test_mig_devices_are_refused_with_the_fix(mps_root: Path) -> None:
+    node = MpsNode(mps_root, profile="h100-mig-single")
+    node.config.write_text(
+        "version: v1\nflags:\n  migStrategy: single\nsharing:\n  mps:\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 4\n"
+    )
+    try:
+        daemon = node.start_daemon()
+        assert daemon.wait() == 1
+    finally:
+        node.stop()
+    out = daemon.output()
+    assert "sharing using MPS is not supported for MIG devices (MIG device 0:0, " in out
+    assert "share MIG devices with sharing.timeSlicing instead" in out
+    assert "Traceback" not in out
+    assert read_record(node.record) == []

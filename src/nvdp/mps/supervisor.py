@@ -177,14 +177,16 @@ class ResourceDaemon:
         self.paths.ready_marker.unlink(missing_ok=True)
 
     def _quit(self) -> None:
-        if self.pid is None or not process_alive(self.pid):
+        alive = self.pid is not None and process_alive(self.pid)
+        # Without a pid (no pid file) the socket is the only sign of a daemon worth telling to quit.
+        if not alive and (self.pid is not None or not self.paths.control_socket.exists()):
             return
         try:
             control.send_commands(["quit"], self.env)
         except control.MpsCommandError as err:
             self.log.warning("%s: quit was not accepted: %s", self.name, err)
         deadline = time.monotonic() + QUIT_WAIT_S
-        while process_alive(self.pid) and time.monotonic() < deadline:
+        while self.pid is not None and process_alive(self.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         self._kill()
         self.log.info("%s: MPS control daemon stopped", self.name)
