@@ -15,8 +15,16 @@ MPS_CONFIG = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.
 TS_CONFIG = (
     "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
 )
-DROP_ALL = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-SYS_ADMIN = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}
+DROP_ALL = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+SYS_ADMIN = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
+}
 
 
 def plugin_ctr(values: dict[str, Any]) -> Manifest:

@@ -235,11 +235,13 @@ The plugin container's security context: the user's if given; privileged for com
 privileged: true
 {{- else if or (include "nvidia-device-plugin.migPossible" .) (include "nvidia-device-plugin.volumeMountsPossible" .) -}}
 allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
 capabilities:
   drop: ["ALL"]
   add: ["SYS_ADMIN"]
 {{- else -}}
 allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
 capabilities:
   drop: ["ALL"]
 {{- end -}}
@@ -265,9 +267,12 @@ tolerations:
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.podSecurityContext }}
 securityContext:
-  {{- toYaml . | nindent 2 }}
+{{- if .Values.podSecurityContext }}
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- else }}
+  seccompProfile:
+    type: RuntimeDefault
 {{- end }}
 {{- end -}}
 
