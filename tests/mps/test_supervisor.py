@@ -153,3 +153,24 @@ def test_socket_path_too_long_is_explained(record: Path) -> None:
     problem = ResourcePaths(root, settings.resource_name).socket_path_problem()
     assert problem is not None
     assert problem.endswith("more than the 107 a unix socket allows; use a shorter MPS root")
+
+
+def test_control_log_is_streamed_without_probe_noise(
+    daemon: ResourceDaemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "test.mps")
+    daemon.start()
+    assert wait_for(daemon.paths.ready_marker.exists)
+    daemon.stop()
+    streamed = [
+        m.split("] ", 2)[2]
+        for m in (r.getMessage() for r in caplog.records)
+        if m.startswith("[nvidia.com/gpu] ")
+    ]
+    assert streamed == [
+        "Starting control daemon",
+        "Received command: set_default_active_thread_percentage 10",
+        "Received command: set_default_device_pinned_mem_limit 0 1536M",
+        "Received command: quit",
+        "Control daemon exiting",
+    ]

@@ -12,10 +12,12 @@ POLL_S = 0.2
 
 
 class LogTail:
-    def __init__(self, path: Path, prefix: str, log: logging.Logger) -> None:
+    def __init__(self, path: Path, prefix: str, log: logging.Logger, skip: str = "") -> None:
         self.path = path
         self.prefix = prefix
         self.log = log
+        # Lines containing `skip` are left out: the daemon logs every health probe we send it.
+        self.skip = skip
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -35,6 +37,7 @@ class LogTail:
     def _run(self) -> None:
         handle: BinaryIO | None = None
         inode: int | None = None
+        stopping = False
         try:
             while True:
                 if handle is None:
@@ -46,13 +49,16 @@ class LogTail:
                             handle.seek(-len(line), os.SEEK_CUR)
                             break
                         text = line.decode("utf-8", "replace").rstrip("\n")
-                        self.log.info("[%s] %s", self.prefix, text)
+                        if not (self.skip and self.skip in text):
+                            self.log.info("[%s] %s", self.prefix, text)
                     if self._replaced(handle, inode):
                         handle.close()
                         handle = None
                         continue
-                if self._stop.wait(POLL_S):
+                if stopping:
                     return
+                # One more pass after stop(), so the daemon's last words (after `quit`) are shown.
+                stopping = self._stop.wait(POLL_S)
         finally:
             if handle is not None:
                 handle.close()

@@ -77,7 +77,7 @@ class ResourceDaemon:
         self.pid: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._tail = LogTail(paths.control_log, settings.resource_name, log)
+        self._tail = LogTail(paths.control_log, settings.resource_name, log, skip=control.PROBE_COMMAND)
         self.env = control.control_env(paths.pipe_dir, paths.log_dir, settings.visible_devices)
 
     @property
