@@ -164,3 +164,15 @@ def test_mig_devices_are_refused_with_the_fix(mps_root: Path) -> None:
     assert "share MIG devices with sharing.timeSlicing instead" in out
     assert "Traceback" not in out
     assert read_record(node.record) == []
+
+
+def test_sighup_with_a_broken_config_keeps_the_running_daemon(node: MpsNode) -> None:
+    daemon = node.start_daemon()
+    assert wait_for(paths(node).ready_marker.exists), daemon.output()
+    node.config.write_text("version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n")
+    daemon.signal(signal.SIGHUP)
+    assert daemon.wait_output("config not reloaded, the running daemons stay as they are: ")
+    assert daemon.running()
+    assert paths(node).ready_marker.exists()
+    assert len(daemon_pids(node)) == 1
+    assert "quit" not in recorded_commands(node.record)
