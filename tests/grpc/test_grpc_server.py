@@ -171,6 +171,23 @@ def test_register_without_a_kubelet_says_what_to_check(served, short_tmp: Path) 
     assert "devicePluginPath" in str(caught.value)
 
 
+def test_register_with_a_silent_kubelet_socket_gives_up_with_the_timeout(  # type: ignore[no-untyped-def]
+    served, short_tmp: Path
+) -> None:
+    server, _ = served
+    path = str(short_tmp / "dead-kubelet.sock")
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(path)  # the file exists but nothing accepts connections
+    try:
+        with pytest.raises(RegistrationError) as caught:
+            server.register(path, timeout=0.2)
+    finally:
+        dead.close()
+    assert str(caught.value).startswith(
+        f"cannot register nvidia.com/gpu: the kubelet did not answer on {path} within 0.2s; check that "
+    )
+
+
 def test_kubelet_restart_needs_a_new_registration(served, kubelet: KubeletSim) -> None:  # type: ignore[no-untyped-def]
     server, _ = served
     server.register(str(kubelet.socket_path))

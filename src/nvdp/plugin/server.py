@@ -60,6 +60,12 @@ def socket_path_for(resource: PlannedResource, config: Config) -> str:
     return os.path.join(config.flags.plugin.device_plugin_path, f"nvidia-{resource.short_name}.sock")
 
 
+def _fresh_channel(socket_path: str) -> grpc.Channel:
+    # A private subchannel pool: a kubelet that just re-created its socket must not be reached through
+    # a shared connection still backing off from the old one.
+    return grpc.insecure_channel(f"unix://{socket_path}", options=[("grpc.use_local_subchannel_pool", 1)])
+
+
 def container_dev_root(config: Config) -> str:
     """Where the plugin sees the driver's /dev: under the mounted driver root when it has one, else /."""
     root = config.flags.plugin.container_driver_root
@@ -189,14 +195,18 @@ class ResourceServer:
         server.start()
         self._server = server
         try:
-            with grpc.insecure_channel(f"unix://{self.socket_path}") as channel:
-                grpc.channel_ready_future(channel).result(timeout=_READY_TIMEOUT_S)
-        except grpc.FutureTimeoutError as err:
+            # A real call rather than grpc.channel_ready_future, which polls on a 200 ms period.
+            with _fresh_channel(self.socket_path) as channel:
+                pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
+                    pb.Empty(), timeout=_READY_TIMEOUT_S, wait_for_ready=True
+                )
+        except grpc.RpcError as err:
             self.stop()
-            raise ServerStartError(
-                f"the server for {self._resource.name} did not answer on {self.socket_path} within "
-                f"{_READY_TIMEOUT_S:g}s after starting"
-            ) from err
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                cause = f"did not answer on {self.socket_path} within {_READY_TIMEOUT_S:g}s after starting"
+            else:
+                cause = f"failed its self-check on {self.socket_path}: {err.code().name}: {err.details()}"
+            raise ServerStartError(f"the server for {self._resource.name} {cause}") from err
         self.log.info("Starting to serve '%s' on %s", self._resource.name, self.socket_path)
 
     def register(self, kubelet_socket: str, timeout: float = 5.0) -> None:
@@ -217,15 +227,15 @@ class ResourceServer:
         if not os.path.exists(kubelet_socket):
             raise RegistrationError(f"cannot register {name}: no kubelet socket at {kubelet_socket}; {hint}")
         try:
-            with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
-                grpc.channel_ready_future(channel).result(timeout=timeout)
-                pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout)
-        except grpc.FutureTimeoutError as err:
-            raise RegistrationError(
-                f"cannot register {name}: the kubelet did not answer on {kubelet_socket} within "
-                f"{timeout:g}s; {hint}"
-            ) from err
+            # wait_for_ready: connect (or keep retrying the connection) within the same deadline.
+            with _fresh_channel(kubelet_socket) as channel:
+                pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise RegistrationError(
+                    f"cannot register {name}: the kubelet did not answer on {kubelet_socket} within "
+                    f"{timeout:g}s; {hint}"
+                ) from err
             raise RegistrationError(
                 f"the kubelet at {kubelet_socket} refused {name}: {err.code().name}: {err.details()}"
             ) from err
