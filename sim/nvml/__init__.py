@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from types import TracebackType
+
+import yaml
 
 from nvdp.inventory.model import Inventory
 from nvdp.inventory.profile import load_profile
@@ -81,6 +84,20 @@ def resolve_profile(profile: str | Path) -> Path:
     raise FileNotFoundError(f"no node profile {profile!r} (shipped profiles: {', '.join(list_profiles())})")
 
 
+def profile_as_json(profile: Path, target: Path) -> Path:
+    """Write a YAML or JSON profile to `target` as JSON, so the library reads it without starting Python.
+
+    The library can convert YAML itself, but only by forking an interpreter inside nvmlInit; in a
+    process that already runs threads (gRPC, for one) that fork is slow and noisy.
+    """
+    with open(profile, encoding="utf-8") as f:
+        document = yaml.safe_load(f)  # JSON is YAML too
+    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(document), encoding="utf-8")
+    os.replace(partial, target)
+    return target
+
+
 def list_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 
@@ -124,6 +141,7 @@ class NodeSim:
         self.state_dir = Path(state_dir).resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.library = build_library()
+        self.profile_json = profile_as_json(self.profile, self.state_dir / "profile.json")
 
     def __enter__(self) -> NodeSim:
         return self
@@ -139,7 +157,7 @@ class NodeSim:
         ld_path = os.environ.get("LD_LIBRARY_PATH", "")
         return {
             "LD_LIBRARY_PATH": f"{self.library.parent}:{ld_path}" if ld_path else str(self.library.parent),
-            "NVML_SIM_PROFILE": str(self.profile),
+            "NVML_SIM_PROFILE": str(self.profile_json),
             "NVML_SIM_STATE_DIR": str(self.state_dir),
             "NVML_SIM_PYTHON": sys.executable,
         }

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from nvdp.inventory import model
+from nvdp.inventory.profile import load_profile
 from sim.nvml import NodeSim, list_profiles
 
 RunPy = Callable[..., subprocess.CompletedProcess[str]]
@@ -55,6 +56,19 @@ def test_init_failures_are_explained(
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"UNAVAILABLE {code} NVML is not available (ERROR_")
     assert text in result.stdout
+
+
+def test_node_env_points_at_a_json_copy_of_the_profile(make_node: Callable[[str], NodeSim]) -> None:
+    node = make_node("a100-sxm-8")
+    assert node.env["NVML_SIM_PROFILE"] == str(node.state_dir / "profile.json")
+    assert load_profile(node.env["NVML_SIM_PROFILE"]) == node.inventory
+
+
+def test_library_still_reads_a_yaml_profile(make_node: Callable[[str], NodeSim], run_py: RunPy) -> None:
+    node = make_node("mixed-4")
+    result = run_py(DISCOVER, {**node.env, "NVML_SIM_PROFILE": str(node.profile)})
+    assert result.returncode == 0, result.stderr
+    assert parse(result.stdout) == node.inventory
 
 
 def test_no_profile_means_driver_not_loaded(make_node: Callable[[str], NodeSim], run_py: RunPy) -> None:
