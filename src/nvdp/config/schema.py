@@ -11,9 +11,10 @@ import re
 from collections.abc import Iterator, Sequence
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jsonschema import Draft202012Validator
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 SchemaNode = dict[str, Any]
 SCHEMA_FILE = "config-schema.json"
@@ -28,6 +29,9 @@ def load_schema() -> SchemaNode:
 
 @cache
 def validator() -> Draft202012Validator:
+    # Imported on first use: a valid config never needs it (see quickcheck).
+    from jsonschema import Draft202012Validator
+
     return Draft202012Validator(load_schema())
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any
-
-from jsonschema.exceptions import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from nvdp.config.issues import ConfigIssue, DocPath, format_path, show_value
+from nvdp.config.quickcheck import plainly_valid
 from nvdp.config.schema import SchemaNode, key_paths, resolve, show_key_path, validator
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 # Document path -> (source name, line or None): where a value came from.
 Locate = Callable[[DocPath], tuple[str, "int | None"]]
@@ -31,6 +33,8 @@ _TYPE_PHRASES = {
 
 
 def schema_issues(doc: object, locate: Locate) -> list[ConfigIssue]:
+    if plainly_valid(doc):
+        return []  # the usual case, without loading jsonschema into the plugin process
     issues: list[ConfigIssue] = []
     for error in validator().iter_errors(doc):
         issues.extend(_describe(error, locate))
