@@ -128,3 +128,14 @@ def test_loading_a_valid_config_does_not_import_jsonschema(tmp_path: Path) -> No
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_loading_without_a_config_file_needs_no_yaml_parser() -> None:
+    code = (
+        "import sys\n"
+        "from nvdp.config.loader import load_config\n"
+        "print(load_config(None, {}).source)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('yaml', 'jsonschema')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines() == ["defaults", "[]"]

@@ -19,7 +19,6 @@ from nvdp.config.schema import SchemaNode, accepted_types, child, node_at
 from nvdp.config.semantic import semantic_issues
 from nvdp.config.sources import CONFIG_FILE_ENV, ENV_VARS, convert_text, flag_for_path, split_path
 from nvdp.config.validate import Locate, schema_issues
-from nvdp.config.yamldoc import ParsedDocument, parse_document
 
 __all__ = ["ENV_VARS", "ConfigError", "ConfigIssue", "config_to_document", "load_config", "load_config_text"]
 
@@ -66,8 +65,15 @@ def load_config_text(
 ) -> Config:
     """Like load_config, from the file's content (`None`: no file). `source` names it in messages."""
     env = os.environ if env is None else env
-    parsed = parse_document(data, source) if data is not None else ParsedDocument({})
-    doc: dict[Any, Any] = copy.deepcopy(parsed.doc)  # YAML aliases share objects; keep edits local
+    lines: dict[DocPath, int] = {}
+    doc: dict[Any, Any] = {}
+    if data is not None:
+        # Imported here: without a config file the plugin process never needs a YAML parser.
+        from nvdp.config.yamldoc import parse_document
+
+        parsed = parse_document(data, source)
+        lines = parsed.lines
+        doc = copy.deepcopy(parsed.doc)  # YAML aliases share objects; keep edits local
     drop_unset(doc, node_at(()))
     origins: dict[DocPath, str] = {}
     issues: list[ConfigIssue] = []
@@ -88,7 +94,7 @@ def load_config_text(
             origin = origins.get(doc_path[:end])
             if origin is not None:
                 return origin, None
-        return source, _line(parsed, doc_path)
+        return source, _line(lines, doc_path)
 
     issues += _checked(doc, locate)
     if issues:
@@ -150,9 +156,9 @@ def _apply(
         origins[keys] = source
 
 
-def _line(parsed: ParsedDocument, path: DocPath) -> int | None:
+def _line(lines: Mapping[DocPath, int], path: DocPath) -> int | None:
     for end in range(len(path), 0, -1):
-        line = parsed.lines.get(path[:end])
+        line = lines.get(path[:end])
         if line is not None:
             return line
     return None

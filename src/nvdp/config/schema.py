@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Iterator, Sequence
 from functools import cache
-from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -22,7 +22,9 @@ SCHEMA_FILE = "config-schema.json"
 
 @cache
 def load_schema() -> SchemaNode:
-    text = resources.files("nvdp.config").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+    # Beside this module in the source tree and in the wheel; importlib.resources would pull in
+    # zipfile, tempfile and shutil for a plain file.
+    text = Path(__file__).with_name(SCHEMA_FILE).read_text(encoding="utf-8")
     schema: SchemaNode = json.loads(text)
     return schema
 
