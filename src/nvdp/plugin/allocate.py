@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nvdp.config.model import Config
+from nvdp.plan.ids import device_container_ids
 from nvdp.plan.model import REPLICA_SEPARATOR, PlannedDevice, PlannedResource
 
 CDI_VENDOR = "k8s.device-plugin.nvidia.com"
@@ -164,13 +165,6 @@ def _unique(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def _container_ids(devices: Sequence[PlannedDevice], config: Config) -> list[str]:
-    # Replicas name their physical (or MIG) device: two replicas of one GPU show it once.
-    if config.flags.plugin.device_id_strategy == "index":
-        return _unique(d.index for d in devices)
-    return _unique(d.base_id for d in devices)
-
-
 def _cdi_names(ids: Sequence[str], config: Config) -> list[str]:
     names = [f"{CDI_VENDOR}/gpu={i}" for i in ids]
     names += [f"{CDI_VENDOR}/imex-channel={ch}" for ch in config.imex.channel_ids]
@@ -244,7 +238,7 @@ def allocate_container(
     devices = resolve_devices(resource, device_ids)
     plugin = config.flags.plugin
     strategies = set(plugin.device_list_strategy)
-    ids = _container_ids(devices, config)
+    ids = device_container_ids(devices, config.flags.plugin.device_id_strategy)
     channels = [str(ch) for ch in config.imex.channel_ids]
 
     envs: dict[str, str] = {}
