@@ -7,6 +7,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -14,8 +15,11 @@ from grpc_factories import config_with, make_inventory, whole_gpu_resource
 
 from nvdp.kubelet_sim import KubeletSim, main
 from nvdp.plugin.api import deviceplugin_pb2 as pb
-from nvdp.plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from nvdp.plugin.api import deviceplugin_pb2_grpc as _pb_grpc
 from nvdp.plugin.server import ResourceServer
+
+# The generated service module has no type hints.
+pb_grpc: Any = _pb_grpc
 
 GPU = "nvidia.com/gpu"
 
