@@ -10,6 +10,7 @@ registration, the advertised count, one Allocate response) and stops everything.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -17,15 +18,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
+from nvdp.config.loader import ConfigError, load_config  # noqa: E402
 from nvdp.kubelet_sim import KubeletSim  # noqa: E402
+from sim.mps import BIN_DIR as MPS_SIM_BIN  # noqa: E402
 from sim.nvml import NodeSim  # noqa: E402
 
-CONFIG_VARIABLES = ("CONFIG_FILE", "DEVICE_PLUGIN_PATH", "KUBELET_SOCKET")
+CONFIG_VARIABLES = ("CONFIG_FILE", "DEVICE_PLUGIN_PATH", "KUBELET_SOCKET", "MPS_ROOT", "MPS_CONTAINER_ROOT")
 TIMESTAMPS = ("time", "monotonic")
 
 
@@ -53,17 +57,18 @@ def run(profile: str, config: str | None, workdir: Path) -> None:
     if config:
         env["CONFIG_FILE"] = str(Path(config).resolve())
     log_path = workdir / "plugin.log"
-    with KubeletSim(plugin_dir) as kubelet, open(log_path, "wb") as log:
+    with KubeletSim(plugin_dir) as kubelet, open(log_path, "wb") as log, \
+            mps_daemon(config, env, workdir) as daemon_log:
         plugin = subprocess.Popen([sys.executable, "-m", "nvdp.plugin.main"], env=env, stdout=log,
                                   stderr=subprocess.STDOUT)
         try:
             try:
                 name = first_resource(kubelet, 15)
-            except DemoError:
+            except DemoError as err:
                 if plugin.poll() is not None:
                     raise DemoError(f"the plugin exited with status {plugin.returncode}:\n"
                                     f"{log_path.read_text()}") from None
-                raise
+                raise DemoError(f"{err}. Its log:\n{log_path.read_text()}") from None
             devices = kubelet.wait_for_resource(name, timeout=10)
             print("Registration:")
             registration = {k: v for k, v in kubelet.registrations[0].items() if k not in TIMESTAMPS}
@@ -84,6 +89,32 @@ def run(profile: str, config: str | None, workdir: Path) -> None:
     if status != 0:
         raise DemoError(f"the plugin exited with status {status}:\n{log_path.read_text()}")
     print(f"\nPlugin stopped cleanly. Its log:\n{log_path.read_text()}")
+    if daemon_log is not None:
+        print(f"MPS control daemon log:\n{daemon_log.read_text()}")
+
+
+@contextlib.contextmanager
+def mps_daemon(config: str | None, env: dict[str, str], workdir: Path) -> Iterator[Path | None]:
+    """For a config that shares GPUs with MPS, run the MPS control daemon beside the plugin, as the chart
+    does, with the stand-in nvidia-cuda-mps-control; both see the MPS root in `workdir`."""
+    if config is None or load_config(config, env={}).sharing.strategy != "mps":
+        yield None
+        return
+    root = workdir / "mps"
+    env.update(PATH=f"{MPS_SIM_BIN}{os.pathsep}{env.get('PATH', '')}", MPS_ROOT=str(root),
+               MPS_CONTAINER_ROOT=str(root))
+    log_path = workdir / "mps-daemon.log"
+    with open(log_path, "wb") as log:
+        daemon = subprocess.Popen([sys.executable, "-m", "nvdp.mps.main"], env=env, stdout=log,
+                                  stderr=subprocess.STDOUT)
+        try:
+            yield log_path
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(15)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="nvdp-demo-") as workdir:
             run(args.profile, args.config, Path(workdir))
-    except (DemoError, FileNotFoundError, TimeoutError, RuntimeError) as err:
+    except (DemoError, ConfigError, FileNotFoundError, TimeoutError, RuntimeError) as err:
         print(f"demo failed: {err}", file=sys.stderr)
         return 1
     return 0
