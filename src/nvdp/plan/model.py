@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from nvdp.config.model import SharingStrategy
 
@@ -43,8 +44,13 @@ class PlannedResource:
         """The part after "nvidia.com/", used in socket names: nvidia-<short_name>.sock."""
         return self.name.split("/", 1)[-1]
 
+    @cached_property
+    def _devices_by_id(self) -> dict[str, PlannedDevice]:
+        # Allocate looks IDs up on every call; a resource can hold thousands of replicas.
+        return {d.id: d for d in self.devices}
+
     def device(self, device_id: str) -> PlannedDevice | None:
-        return next((d for d in self.devices if d.id == device_id), None)
+        return self._devices_by_id.get(device_id)
 
 
 @dataclass(frozen=True)

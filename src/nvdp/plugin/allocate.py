@@ -137,10 +137,9 @@ def resolve_devices(resource: PlannedResource, device_ids: Sequence[str]) -> lis
         raise AllocationRefused(
             f"{resource.name}: the request names no devices; the kubelet must send at least one"
         )
-    by_id = {d.id: d for d in resource.devices}
     devices: list[PlannedDevice] = []
     for device_id in device_ids:
-        device = by_id.get(device_id)
+        device = resource.device(device_id)
         if device is None:
             raise AllocationRefused(
                 f'{resource.name}: unknown device "{device_id}"; this node advertises '
