@@ -12,9 +12,9 @@ import logging
 import os
 import stat
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,8 @@ UNHEALTHY = "Unhealthy"
 # The kubelet keeps one ListAndWatch stream per plugin; the rest serve Allocate and friends.
 _WORKERS = 8
 _READY_TIMEOUT_S = 5.0
+# Distinct device-ID requests whose answers are kept per plan; the kubelet asks for few distinct sets.
+_ANSWERS_KEPT = 4096
 _STOP_GRACE_S = 1.0
 
 
@@ -87,6 +89,13 @@ def read_mig_minors(path: str, logger: logging.Logger) -> dict[str, int] | None:
         return None
 
 
+def random_uuid() -> str:
+    # Imported on first use: only the cdi-annotations strategy needs it, and uuid imports platform.
+    import uuid
+
+    return str(uuid.uuid4())
+
+
 def device_message(device: PlannedDevice) -> Any:
     topology = None
     if device.numa_node is not None:
@@ -108,6 +117,14 @@ def allocation_message(allocation: ContainerAllocation) -> Any:
         annotations=dict(allocation.annotations),
         cdi_devices=[pb.CDIDevice(name=name) for name in allocation.cdi_devices],
     )
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """An AllocateResponse, and per container the requested devices that were unhealthy (for the log)."""
+
+    response: Any
+    unhealthy: tuple[tuple[str, ...], ...]
 
 
 class _DevicePluginService:
@@ -144,7 +161,7 @@ class ResourceServer:
         logger: logging.Logger | None = None,
         dev_paths_present: Callable[[str], bool] | None = None,
         mig_minors_file: str = MIG_MINORS_FILE,
-        cdi_uuid: Callable[[], str] = lambda: str(uuid.uuid4()),
+        cdi_uuid: Callable[[], str] | None = None,
     ) -> None:
         self.config = config
         self.inventory = inventory
@@ -152,13 +169,14 @@ class ResourceServer:
         self.socket_path = socket_path_for(resource, config)
         self._dev_paths_present = dev_paths_present
         self._mig_minors_file = mig_minors_file
-        self._cdi_uuid = cdi_uuid
+        self._cdi_uuid = cdi_uuid or random_uuid
         self._lock = threading.Condition()
         self._resource = resource
         self._allocator = PreferredAllocator(
             resource, inventory, config.flags.plugin.shared_devices_allocation_policy
         )
         self._version = 0  # bumped on every update(); streams resend when it moves
+        self._answers: dict[tuple[tuple[str, ...], ...], _Answer] = {}  # per plan; see _allocate
         self._stopped = False
         self._server: grpc.Server | None = None
         self._mig_minors: dict[str, int] | None = None
@@ -252,6 +270,7 @@ class ResourceServer:
             self._allocator = PreferredAllocator(
                 resource, self.inventory, self.config.flags.plugin.shared_devices_allocation_policy
             )
+            self._answers = {}
             self._version += 1
             self._lock.notify_all()
 
@@ -311,12 +330,33 @@ class ResourceServer:
                 message = self._device_list()
 
     def _allocate(self, request: Any, context: Any) -> Any:
+        # An answer is a pure function of the requested IDs and the plan, so it is computed once per
+        # plan (update() starts afresh) - except with CDI annotations, whose key is new every time.
+        key = tuple(tuple(container.devices_ids) for container in request.container_requests)
         with self._lock:
-            resource = self._resource
+            resource, answers = self._resource, self._answers
+        answer = answers.get(key)
+        if answer is None:
+            answer = self._answer(resource, key, context)
+            if self._answers_reusable and len(answers) < _ANSWERS_KEPT:
+                answers[key] = answer
+        for ids, unhealthy in zip(key, answer.unhealthy, strict=True):
+            if unhealthy:
+                self.log.warning(
+                    "Allocate for %s includes unhealthy devices %s", resource.name, list(unhealthy)
+                )
+            self.log.info("Allocate %s: %s", resource.name, ",".join(ids))
+        return answer.response
+
+    @property
+    def _answers_reusable(self) -> bool:
+        return "cdi-annotations" not in self.config.flags.plugin.device_list_strategy
+
+    def _answer(self, resource: PlannedResource, key: tuple[tuple[str, ...], ...], context: Any) -> _Answer:
         present = self._dev_paths_present or (lambda _path: False)
-        responses = []
-        for container in request.container_requests:
-            ids = list(container.devices_ids)
+        messages = []
+        unhealthy = []
+        for ids in key:
             try:
                 allocation = allocate_container(
                     resource,
@@ -327,16 +367,12 @@ class ResourceServer:
                     cdi_uuid=self._cdi_uuid,
                 )
             except AllocationRefused as err:
-                self.log.warning("Refused Allocate for %s %s: %s", resource.name, ids, err)
+                self.log.warning("Refused Allocate for %s %s: %s", resource.name, list(ids), err)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 raise  # abort() raises; this keeps type checkers aware of it
-            if allocation.unhealthy:
-                self.log.warning(
-                    "Allocate for %s includes unhealthy devices %s", resource.name, list(allocation.unhealthy)
-                )
-            self.log.info("Allocate %s: %s", resource.name, ",".join(ids))
-            responses.append(allocation_message(allocation))
-        return pb.AllocateResponse(container_responses=responses)
+            messages.append(allocation_message(allocation))
+            unhealthy.append(allocation.unhealthy)
+        return _Answer(pb.AllocateResponse(container_responses=messages), tuple(unhealthy))
 
     def _preferred(self, request: Any, context: Any) -> Any:
         with self._lock:
