@@ -26,4 +26,5 @@ def import_grpc() -> ModuleType:
     finally:
         if hold_back and "ssl" in sys.modules and sys.modules["ssl"] is None:
             del sys.modules["ssl"]
-    return grpc
+    module: ModuleType = grpc
+    return module
