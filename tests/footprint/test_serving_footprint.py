@@ -149,6 +149,7 @@ def test_allocate_allocates_little_and_keeps_nothing(tmp_path: Path) -> None:
     handler = logging.FileHandler(tmp_path / "plugin.log")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    log.propagate = False  # pytest's log capture keeps every record
     server = ResourceServer(resource, config, inventory, logger=log, dev_paths_present=bool)
     request = pb.AllocateRequest(
         container_requests=[pb.ContainerAllocateRequest(devices_ids=[resource.devices[0].id])]

@@ -172,11 +172,12 @@ class ResourceServer:
         self._cdi_uuid = cdi_uuid or random_uuid
         self._lock = threading.Condition()
         self._resource = resource
-        self._allocator = PreferredAllocator(
-            resource, inventory, config.flags.plugin.shared_devices_allocation_policy
-        )
+        # Built by the first GetPreferredAllocation after each update, not on the health path.
+        self._allocator: PreferredAllocator | None = None
         self._version = 0  # bumped on every update(); streams resend when it moves
         self._answers: dict[tuple[tuple[str, ...], ...], _Answer] = {}  # per plan; see _allocate
+        self._list_message: Any = None  # per plan; see _device_list
+        self._device_messages: dict[tuple[str, bool, int | None], Any] = {}
         self._stopped = False
         self._server: grpc.Server | None = None
         self._mig_minors: dict[str, int] | None = None
@@ -267,10 +268,9 @@ class ResourceServer:
                     f"the server for {self._resource.name} cannot serve {resource.name}; start another server"
                 )
             self._resource = resource
-            self._allocator = PreferredAllocator(
-                resource, self.inventory, self.config.flags.plugin.shared_devices_allocation_policy
-            )
+            self._allocator = None
             self._answers = {}
+            self._list_message = None
             self._version += 1
             self._lock.notify_all()
 
@@ -305,7 +305,20 @@ class ResourceServer:
     # -- RPC bodies -------------------------------------------------------------------------------------
 
     def _device_list(self) -> Any:
-        return pb.ListAndWatchResponse(devices=[device_message(d) for d in self._resource.devices])
+        """The list for the current version (called with the lock held), built once for every stream.
+
+        A health change flips a few devices: the others reuse their messages from earlier versions.
+        """
+        if self._list_message is None:
+            messages = []
+            for device in self._resource.devices:
+                key = (device.id, device.healthy, device.numa_node)
+                message = self._device_messages.get(key)
+                if message is None:
+                    message = self._device_messages[key] = device_message(device)
+                messages.append(message)
+            self._list_message = pb.ListAndWatchResponse(devices=messages)
+        return self._list_message
 
     def _watch(self, context: Any) -> Iterator[Any]:
         def wake() -> None:
@@ -377,6 +390,10 @@ class ResourceServer:
     def _preferred(self, request: Any, context: Any) -> Any:
         with self._lock:
             allocator = self._allocator
+            if allocator is None:
+                allocator = self._allocator = PreferredAllocator(
+                    self._resource, self.inventory, self.config.flags.plugin.shared_devices_allocation_policy
+                )
         responses = []
         for container in request.container_requests:
             try:
