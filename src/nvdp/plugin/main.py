@@ -274,6 +274,12 @@ def log_plan(log: logging.Logger, plan: Plan) -> None:
 
 
 def setup_logging() -> logging.Logger:
+    # The log format uses none of the caller, thread or process fields; not collecting them (the
+    # logging module's documented switches) makes each record, one per Allocate, about a third cheaper.
+    logging._srcfile = None  # type: ignore[attr-defined]
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
