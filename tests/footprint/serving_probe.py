@@ -2,12 +2,14 @@
 
 Started as a script by test_serving_footprint.py. Every pynvml function is wrapped to count its
 calls; on SIGUSR1 the probe writes JSON to $NVDP_PROBE_OUT: the imported modules, the Python
-threads, the OS thread count and the NVML calls so far. Nothing here changes what the plugin does.
+threads, the OS thread count, the NVML calls so far and what the cyclic GC tracks. Nothing here
+changes what the plugin does.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import signal
@@ -48,6 +50,8 @@ def write_probe(signum: int, frame: FrameType | None) -> None:
         "os_threads": os_threads,
         "nvml_calls": dict(NVML_CALLS),
         "allocated_blocks": sys.getallocatedblocks(),
+        "gc_frozen": gc.get_freeze_count(),
+        "gc_tracked": len(gc.get_objects()),
     }
     path = os.environ["NVDP_PROBE_OUT"]
     with open(path + ".tmp", "w") as out:

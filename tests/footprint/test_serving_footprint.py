@@ -174,3 +174,11 @@ def test_allocate_allocates_little_and_keeps_nothing(tmp_path: Path) -> None:
     assert kept_blocks < ALLOCATES / 20
     # One call's transient allocations: the log record and its formatting, nothing per device.
     assert peak - current < 4096, peak - current
+
+
+def test_start_up_objects_are_frozen_out_of_the_cyclic_gc(probes: tuple[dict[str, Any], ...]) -> None:
+    """A full collection must not walk the ~34k objects loaded at start (a multi-ms Allocate stall)."""
+    after_start, after_allocates = probes
+    assert after_start["gc_frozen"] > 10_000
+    assert after_start["gc_tracked"] < 1_000
+    assert after_allocates["gc_tracked"] - after_start["gc_tracked"] < ALLOCATES, "Allocate leaves objects"
