@@ -143,11 +143,8 @@ class PluginProcess:
     # --- serving -----------------------------------------------------------------------------
 
     def serve(self, prepared: Prepared) -> None:
-        from nvdp.plugin.grpc_import import import_grpc
         from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
         from nvdp.plugin.manager import PluginManager
-
-        import_grpc()  # before anything else imports it
 
         log_inventory(self.log, prepared.inventory)
         log_plan(self.log, prepared.plan)

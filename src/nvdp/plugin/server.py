@@ -19,8 +19,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedDevice, PlannedResource
@@ -34,6 +32,7 @@ from nvdp.plugin.allocate import (
 )
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 from nvdp.plugin.api import deviceplugin_pb2_grpc as _pb_grpc
+from nvdp.plugin.grpc_import import grpc
 from nvdp.plugin.preferred import PreferredAllocator
 
 # The generated service module has no type hints.
