@@ -42,7 +42,7 @@ UPSTREAM_DIR = Path(os.environ.get("NVDP_UPSTREAM_SHARED", ROOT.parent / "shared
 # commonly set in development shells and CI).
 PYCACHE = ROOT / ".build" / "bench-pycache"
 RESOURCE = "nvidia.com/gpu"
-NVIDIA, NVDP = "NVIDIA v0.20.0", "nvdp"
+NVIDIA, NVDP, BASELINE = "NVIDIA v0.20.0", "nvdp", "nvdp baseline"
 
 REPLICAS_128 = """\
 version: v1
@@ -86,11 +86,11 @@ def nvdp_command(python_args: list[str] | None = None) -> list[str]:
     return [sys.executable, *(python_args or ["-m", "nvdp.plugin.main"])]
 
 
-def nvdp_env(plugin_dir: Path, config_file: Path | None) -> dict[str, str]:
+def nvdp_env(plugin_dir: Path, config_file: Path | None, src: Path = ROOT / "src") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("CONFIG_FILE", "DEVICE_PLUGIN_PATH", "PYTHONDONTWRITEBYTECODE")}
     env["DEVICE_PLUGIN_PATH"] = str(plugin_dir)
-    env["PYTHONPATH"] = str(ROOT / "src")
+    env["PYTHONPATH"] = str(src)
     env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     if config_file is not None:
         env["CONFIG_FILE"] = str(config_file)
@@ -106,10 +106,12 @@ def plugin(
     upstream: Path | None = None,
     python_args: list[str] | None = None,
     extra_env: dict[str, str] | None = None,
+    src: Path | None = None,
 ) -> Iterator[Running]:
     """One plugin process registered to a fresh simulator.
 
     `profile` names a stand-in NVML profile; None runs on NVIDIA's mock NVML (`upstream` unpacked).
+    `src` runs nvdp from another source tree (a baseline); `kind` is then BASELINE.
     """
     with tempfile.TemporaryDirectory(prefix="nvdp-bench-") as tmp:
         work = Path(tmp)
@@ -121,8 +123,8 @@ def plugin(
             config_file.write_text(config)
         node = NodeSim(profile, work / "state") if profile is not None else None
         nvml_env = node.env if node is not None else {"LD_LIBRARY_PATH": str(upstream / "lib")}  # type: ignore[operator]
-        if kind == NVDP:
-            env = nvdp_env(plugin_dir, config_file)
+        if kind in (NVDP, BASELINE):
+            env = nvdp_env(plugin_dir, config_file, src or ROOT / "src")
             argv = nvdp_command(python_args)
         else:
             assert upstream is not None
@@ -314,9 +316,9 @@ def unpack_upstream() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def measure_one(kind: str, upstream: Path, calls: int, pref_calls: int) -> dict[str, float]:
+def measure_one(kind: str, upstream: Path, calls: int, pref_calls: int, src: Path | None) -> dict[str, float]:
     figures: dict[str, float] = {}
-    with plugin(None, kind=kind, upstream=upstream) as run:
+    with plugin(None, kind=kind, upstream=upstream, src=src) as run:
         kubelet = run.kubelet
         wait_until(lambda: bool(kubelet.registrations))
         figures["start"] = (kubelet.registrations[0]["monotonic"] - run.started_at) * 1000
@@ -329,40 +331,48 @@ def measure_one(kind: str, upstream: Path, calls: int, pref_calls: int) -> dict[
         time.sleep(max(0.0, 5.0 - (time.monotonic() - run.started_at)))
         figures["hwm"] = proc_status_mib(run.process.pid, "VmHWM")
         figures["rereg"] = reregister_ms(kubelet)
-    with plugin(None, REPLICAS_128, kind=kind, upstream=upstream) as run:
+    with plugin(None, REPLICAS_128, kind=kind, upstream=upstream, src=src) as run:
         devices = run.kubelet.wait_for_resource(RESOURCE, count=1024, timeout=30)
         figures["pref_1024"] = preferred_p50(run.kubelet, [d["id"] for d in devices], 8, pref_calls)
-    with plugin("a100-sxm-8", kind=kind, upstream=upstream) as run:
+    with plugin("a100-sxm-8", kind=kind, upstream=upstream, src=src) as run:
         figures["xid"] = xid_ms(run)
     return figures
 
 
-def against_nvidia(runs: int, calls: int, pref_calls: int) -> int:
+def against_nvidia(runs: int, calls: int, pref_calls: int, baseline: Path | None) -> int:
     reason = why_nvidia_cannot_run()
     if reason is not None:
         print(f"skipped --against-nvidia: {reason}")
         return 0
     upstream = unpack_upstream()
     warm_bytecode()
-    results: dict[str, list[dict[str, float]]] = {NVIDIA: [], NVDP: []}
+    kinds = [NVIDIA, NVDP] if baseline is None else [NVIDIA, BASELINE, NVDP]
+    if baseline is not None:
+        with plugin("t4", kind=BASELINE, src=baseline) as run:  # its bytecode, as for nvdp
+            wait_until(lambda: bool(run.kubelet.registrations))
+    results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     loads = [load_average()]
     for round_no in range(runs):
-        order = (NVIDIA, NVDP) if round_no % 2 == 0 else (NVDP, NVIDIA)
+        # Each plugin goes first, middle and last equally often, so all see the same load.
+        order = kinds[round_no % len(kinds):] + kinds[:round_no % len(kinds)]
         for kind in order:
-            results[kind].append(measure_one(kind, upstream, calls, pref_calls))
+            src = baseline if kind == BASELINE else None
+            results[kind].append(measure_one(kind, upstream, calls, pref_calls, src))
         loads.append(load_average())
     print(f"{runs} interleaved rounds, medians; {calls} Allocate and {pref_calls} GetPreferredAllocation "
           "calls per round; NVIDIA's mock NVML (8x A100) except XID")
+    if baseline is not None:
+        print(f"{BASELINE}: nvdp from {baseline}")
     print(f"load average (1/5/15 min) before and after each round: {' | '.join(loads)}\n")
-    table: list[tuple[str, ...]] = [("figure", NVIDIA, NVDP, "nvdp/NVIDIA", "nvdp target", "met")]
+    header = ("figure", *kinds, "nvdp/NVIDIA", "nvdp target", "met")
+    table: list[tuple[str, ...]] = [header]
     for figure in FIGURES:
-        theirs = statistics.median(r[figure.key] for r in results[NVIDIA])
-        ours = statistics.median(r[figure.key] for r in results[NVDP])
-        digits = 2 if figure.unit == "ms" and max(ours, theirs) < 10 else 1
+        medians = {kind: statistics.median(r[figure.key] for r in results[kind]) for kind in kinds}
+        theirs, ours = medians[NVIDIA], medians[NVDP]
+        digits = 2 if figure.unit == "ms" and max(medians.values()) < 10 else 1
         table.append((
             figure.label,
-            f"{theirs:.{digits}f} {figure.unit}",
-            f"{ours:.{digits}f} {figure.unit}",
+            *(f"{medians[kind]:.{digits}f} {figure.unit}" for kind in kinds),
             f"{ours / theirs:.2f}" if theirs else "-",
             figure.target_text,
             "yes" if figure.target(ours, theirs) else "NO",
@@ -377,13 +387,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against-nvidia", action="store_true",
                         help="run NVIDIA's plugin v0.20.0 and nvdp alternately and compare (needs root)")
     parser.add_argument("--runs", type=int, default=5, help="interleaved rounds for --against-nvidia")
+    parser.add_argument("--baseline-src", type=Path, metavar="DIR",
+                        help="with --against-nvidia: also run nvdp from this src/ folder (e.g. an earlier "
+                             "commit's, from `git archive`) in the same rounds")
     args = parser.parse_args(argv)
     build_library()
     calls = 100 if args.quick else 1000
     pref_calls = 20 if args.quick else 200
     try:
         if args.against_nvidia:
-            return against_nvidia(1 if args.quick else args.runs, calls, pref_calls)
+            return against_nvidia(1 if args.quick else args.runs, calls, pref_calls, args.baseline_src)
         warm_bytecode()
         print(f"load average: {load_average()}")
         rows = [bench_start(1 if args.quick else 5)]

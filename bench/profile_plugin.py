@@ -111,17 +111,27 @@ def _rss_by_mapping(smaps: str) -> list[tuple[str, int]]:
 
 def profile_allocate(calls: int) -> None:
     """The handler's own work in-process (cProfile), then the same calls through the real server."""
+    import logging
+    import tempfile
+
     from nvdp.config.loader import load_config
     from nvdp.inventory.profile import load_profile
     from nvdp.plan import plan
     from nvdp.plugin.api import deviceplugin_pb2 as pb
+    from nvdp.plugin.main import LOG_FORMAT
     from nvdp.plugin.server import ResourceServer
     from sim.nvml import resolve_profile
 
+    # As the plugin logs: INFO, one line per Allocate, written to a file (the plugin writes stderr).
+    log_file = tempfile.NamedTemporaryFile("w", prefix="nvdp-profile-", suffix=".log")  # noqa: SIM115
+    handler_ = logging.StreamHandler(log_file)
+    handler_.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.getLogger().handlers[:] = [handler_]
+    logging.getLogger().setLevel(logging.INFO)
     inventory = load_profile(resolve_profile("t4"))
     config = load_config(None, {}, {})
     resource = plan(config, inventory).resources[0]
-    server = ResourceServer(resource, config, inventory)
+    server = ResourceServer(resource, config, inventory, logger=logging.getLogger("nvidia-device-plugin"))
     one = pb.ContainerAllocateRequest(devices_ids=[resource.devices[0].id])
     request = pb.AllocateRequest(container_requests=[one])
     handler = server._allocate  # the servicer method, without gRPC
@@ -140,8 +150,6 @@ def profile_allocate(calls: int) -> None:
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
     print(f"Allocate handler alone: {per_call_us:.1f} us per call ({calls} calls, no profiler)\n")
     print("\n".join(text.getvalue().splitlines()[4:]))
-    import logging
-
     logging.getLogger().setLevel(logging.WARNING)
     t0 = time.perf_counter()
     for _ in range(calls):
