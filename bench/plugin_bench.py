@@ -312,7 +312,10 @@ def why_nvidia_cannot_run() -> str | None:
 
 
 def unpack_upstream() -> Path:
-    out = subprocess.run(["bash", str(UPSTREAM_DIR / "setup.sh")], check=True, capture_output=True, text=True)
+    # Into this checkout's .build (unless UPSTREAM_DIR is set): never another checkout's half-written file.
+    env = {"UPSTREAM_DIR": str(ROOT / ".build" / "nvidia-upstream"), **os.environ}
+    out = subprocess.run(["bash", str(UPSTREAM_DIR / "setup.sh")], check=True, capture_output=True, text=True,
+                         env=env)
     return Path(out.stdout.strip().splitlines()[-1])
 
 
