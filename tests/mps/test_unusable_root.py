@@ -75,12 +75,14 @@ def test_read_only_root_with_an_old_marker_stops_the_daemon_with_the_fix(node: M
     ]
     probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, check=False)
     if probe.returncode != 0:
-        pytest.skip(f"cannot create a mount namespace for a read-only MPS root: {probe.stderr.decode().strip()}")
+        reason = probe.stderr.decode().strip()
+        pytest.skip(f"cannot create a mount namespace for a read-only MPS root: {reason}")
     daemon = Proc("daemon", argv, node.env, node.root / "daemon-ro.log")
     node.procs.append(daemon)
     assert daemon.wait() == 1, daemon.output()
     out = daemon.output()
-    assert f"cannot start: the MPS root {root} is unusable: {old.base} is on a read-only filesystem; {FIX}" in out
+    problem = f"{old.base} is on a read-only filesystem"
+    assert f"cannot start: the MPS root {root} is unusable: {problem}; {FIX}" in out
     assert "Traceback" not in out
     assert node.node.compute_mode(T4) == "DEFAULT"
 
@@ -102,7 +104,8 @@ def test_root_lost_while_running_is_retried_visibly_and_sigterm_restores_the_mod
     # Put the root back: the supervisor, still alive, brings the daemon back by itself.
     node.mps_root.unlink()
     moved.rename(node.mps_root)
-    assert wait_for(lambda: daemon.output().count("nvidia.com/gpu: ready (") == 2, limit_s=30), daemon.output()
+    back = wait_for(lambda: daemon.output().count("nvidia.com/gpu: ready (") == 2, limit_s=30)
+    assert back, daemon.output()
     status = read_status(paths(node).status_file)
     assert status is not None and status.state == "ready"
 
