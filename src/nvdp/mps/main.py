@@ -1,8 +1,10 @@
 """`mps-control-daemon`: runs one NVIDIA MPS control daemon per resource the config shares with MPS.
 
 It reads the same config as the plugin and plans the same resources, so the daemon and the plugin
-agree on names, GPUs and replicas. SIGTERM stops every daemon (compute modes back to DEFAULT, readiness
-markers removed) and exits 0; SIGHUP reloads the config and starts over.
+agree on names, GPUs and replicas. An MPS root that cannot hold the daemons' state stops start-up
+(exit 1, with the fix) before any compute mode changes. SIGTERM stops every daemon (compute modes
+back to DEFAULT, readiness markers removed) and exits 0, or 1 if a compute mode could not be
+restored; SIGHUP reloads the config and starts over.
 
 `mps-control-daemon mount-shm` mounts the tmpfs MPS clients share as /dev/shm (the chart's init container).
 """
