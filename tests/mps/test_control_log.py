@@ -70,11 +70,15 @@ def test_the_file_is_rotated_past_its_limit_without_losing_lines(
     caplog.set_level(logging.INFO, "test.tail")
     tail.start()
     lines = [f"line {n:03d} " + "x" * 30 for n in range(40)]
+
+    def shown(line: str) -> bool:
+        return streamed(caplog)[-1:] == [line]
+
     for line in lines:
         append(log_file, line, "probe")
         # The file never holds much more than the limit plus what one poll lets in.
         assert log_file.stat().st_size < 200 + 4 * 50
-        wait_for(lambda line=line: streamed(caplog)[-1:] == [line])
+        assert wait_for(lambda: shown(line))  # noqa: B023 - called before the loop moves on
     assert streamed(caplog) == lines
     rotated = log_file.with_name("control.log.1")
     assert rotated.exists() and rotated.stat().st_size >= 200
