@@ -224,7 +224,9 @@ class ResourceDaemon:
         too_long = self.paths.socket_path_problem()
         if too_long is not None:
             raise control.MpsCommandError(too_long)
-        self._publish("starting", self.last_error)
+        if self.last_error is None:
+            # While retrying after a failure the status stays "failing", with that error.
+            self._publish("starting", None)
         self.modes.set_exclusive(self.uuids)
         if not self._remove_marker():
             raise control.MpsCommandError(
