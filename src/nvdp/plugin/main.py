@@ -150,7 +150,6 @@ class PluginProcess:
         self.manager = PluginManager(prepared.config, prepared.inventory, self.log)
         self.watch_kubelet(prepared.config, KubeletSocketWatcher)
         self.manager.apply(prepared.plan)
-        self.manager.start_background()
         self.start_health(prepared)
         if not prepared.plan.resources:
             self.log.info("No devices found. Waiting indefinitely.")
