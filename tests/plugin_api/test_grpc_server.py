@@ -16,7 +16,14 @@ from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.kubelet_sim import KubeletSim, KubeletSimError
 from nvdp.plan.model import PlannedResource
-from nvdp.plugin.server import RegistrationError, ResourceServer, ServerStartError
+from nvdp.plugin.server import (
+    KUBELET_MAX_RECEIVE_BYTES,
+    RegistrationError,
+    ResourceServer,
+    ServerStartError,
+    list_and_watch_bytes,
+    oversized,
+)
 
 GPU = "nvidia.com/gpu"
 
@@ -218,3 +225,16 @@ def test_shared_resource_refusal_over_grpc(short_tmp: Path, kubelet: KubeletSim)
         )
     finally:
         server.stop()
+
+
+def test_a_device_list_too_long_for_the_kubelet_is_explained() -> None:
+    inventory = make_inventory(8, numa_split=4)
+    fits = replicated_resource(inventory, 1024)  # the largest a config may ask for on 8 GPUs
+    assert oversized(fits) is None
+    assert list_and_watch_bytes(fits) < KUBELET_MAX_RECEIVE_BYTES // 4
+    many = replicated_resource(inventory, 10_000)
+    reason = oversized(many)
+    assert reason is not None
+    size = list_and_watch_bytes(many) / 2**20
+    assert reason.startswith(f"nvidia.com/gpu: its 80000 devices make a {size:.1f} MiB ListAndWatch message, "
+                             "more than the 4 MiB the kubelet accepts; lower the replicas")

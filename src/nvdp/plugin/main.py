@@ -123,11 +123,16 @@ class PluginProcess:
 
     def make_plan(self, config: Config, inventory: Inventory) -> Plan:
         from nvdp.plan import PlanError, plan
+        from nvdp.plugin.server import oversized
 
         try:
-            return plan(config, inventory)
+            planned = plan(config, inventory)
         except PlanError as err:
             raise StartupError(f"the configuration cannot be applied to this node's GPUs: {err}") from None
+        too_big = [reason for reason in map(oversized, planned.resources) if reason]
+        if too_big:
+            raise StartupError("the configuration cannot be served on this node: " + "; ".join(too_big))
+        return planned
 
     def prepare(self) -> Prepared:
         config = self.load_config()
@@ -183,6 +188,10 @@ class PluginProcess:
             prepared = self.prepare()
         except (StartupError, NvmlMissing) as err:
             self.log.error("Reload failed; still serving the previous configuration.\n%s", err)
+            return
+        except Exception as err:  # whatever went wrong, a reload must not take a serving plugin down
+            self.log.exception("Reload failed unexpectedly (%s: %s); still serving the previous "
+                               "configuration", type(err).__name__, err)
             return
         if self.manager is None:
             self.serve(prepared)

@@ -15,6 +15,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,9 @@ UNHEALTHY = "Unhealthy"
 _WORKERS = 8
 _READY_TIMEOUT_S = 5.0
 _STOP_GRACE_S = 1.0
+# The kubelet reads ListAndWatch with gRPC's default receive limit; a longer list is refused on its
+# side with RESOURCE_EXHAUSTED and the resource silently stays at its last list (or none).
+KUBELET_MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 
 
 class RegistrationError(RuntimeError):
@@ -92,6 +96,24 @@ def device_message(device: PlannedDevice) -> Any:
     if device.numa_node is not None:
         topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=device.numa_node)])
     return pb.Device(ID=device.id, health=HEALTHY if device.healthy else UNHEALTHY, topology=topology)
+
+
+def list_and_watch_bytes(resource: PlannedResource) -> int:
+    """The size of the resource's ListAndWatch message at its largest (every device Unhealthy)."""
+    devices = [replace(d, healthy=False) for d in resource.devices]
+    return int(pb.ListAndWatchResponse(devices=[device_message(d) for d in devices]).ByteSize())
+
+
+def oversized(resource: PlannedResource, limit: int = KUBELET_MAX_RECEIVE_BYTES) -> str | None:
+    """Why the kubelet would refuse the resource's device list, or None when it fits."""
+    size = list_and_watch_bytes(resource)
+    if size <= limit:
+        return None
+    return (
+        f"{resource.name}: its {len(resource.devices)} devices make a {size / 2**20:.1f} MiB ListAndWatch "
+        f"message, more than the {limit / 2**20:g} MiB the kubelet accepts; lower the replicas of this "
+        "resource or share fewer devices with it"
+    )
 
 
 def allocation_message(allocation: ContainerAllocation) -> Any:
