@@ -22,6 +22,7 @@ from typing import Protocol
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
+from nvdp.plugin.guard import guarded_thread
 
 
 class ResourceServerLike(Protocol):
@@ -124,7 +125,8 @@ class RunningResource:
     def start(self) -> None:
         """Begin the background work: gate, server, registration."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"resource {self.name}", daemon=True)
+            self._thread = guarded_thread(self._run, f"resource {self.name}", self._log,
+                                          f"The thread serving {self.name}")
             self._thread.start()
 
     def update(self, resource: PlannedResource) -> None:
