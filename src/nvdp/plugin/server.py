@@ -9,6 +9,7 @@ wire format and keeps the per-resource state consistent across threads.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import stat
@@ -64,6 +65,9 @@ class RegistrationError(RuntimeError):
 
 class ServerStartError(RuntimeError):
     """The gRPC server could not listen on its socket."""
+
+
+_bind_names = itertools.count()  # private names to bind under, unique in this process
 
 
 def _file_id(path: str) -> tuple[int, int, int] | None:
@@ -231,7 +235,7 @@ class ResourceServer:
         pb_grpc.add_DevicePluginServicer_to_server(_DevicePluginService(self), server)
         # Bind under a name of our own and rename it into place: gRPC unlinks the path it bound when
         # it stops, which must not be the path a newer instance may be listening on by then.
-        bound = f"{self.socket_path}.{os.getpid()}.tmp"
+        bound = os.path.join(os.path.dirname(self.socket_path), f".{os.getpid():x}-{next(_bind_names):x}")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(bound)
         try:
