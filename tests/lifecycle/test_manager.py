@@ -282,3 +282,33 @@ def test_gated_resource_waits_then_follows_readiness(tmp_path: Path, book: Book)
     assert all(d.healthy for d in book.live()["nvidia.com/gpu"].resource.devices)
     m.stop()
     assert gate.closed.wait(5)
+
+
+def test_stopping_a_server_does_not_hold_up_health_updates(tmp_path: Path, book: Book) -> None:
+    (tmp_path / "kubelet.sock").write_text("")
+    m = manager(tmp_path, book)
+    m.apply(Plan(resources=(GPU, SHARED)))
+    assert eventually(lambda: len(m.registered) == 2)
+    slow = book.live()["nvidia.com/gpu"]
+    release = threading.Event()
+    stopping = threading.Event()
+    plain_stop = slow.stop
+
+    def stop_slowly() -> None:  # a server whose calls take their grace period to finish
+        stopping.set()
+        release.wait(10)
+        plain_stop()
+
+    slow.stop = stop_slowly  # type: ignore[method-assign]
+    remover = threading.Thread(target=m.apply, args=(Plan(resources=(SHARED,)),))
+    remover.start()
+    try:
+        assert stopping.wait(5)
+        marker = threading.Thread(target=m.mark_unhealthy, args=(frozenset({"GPU-1"}), "XID 79"))
+        marker.start()
+        marker.join(5)
+        assert not marker.is_alive(), "mark_unhealthy waited for a server to stop"
+    finally:
+        release.set()
+        remover.join(10)
+    m.stop()
