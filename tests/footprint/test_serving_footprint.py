@@ -45,8 +45,9 @@ NOT_IMPORTED = (
 # 283 modules on Python 3.11 with grpcio 1.85 (see bench/RESULTS.md); the bound leaves room for a
 # library upgrade, not for a new dependency of the serving path.
 MAX_MODULES = 295
-# Main, health events, kubelet.sock watcher, retry loop; per resource gRPC's accept thread, the
-# ListAndWatch stream and the Allocate workers. C threads: gRPC's event engine and timers.
+# Main, health events, kubelet.sock watcher; per resource its own thread (start, register, retry),
+# gRPC's accept thread and pool workers (the ListAndWatch stream holds one). C threads: gRPC's event
+# engine and timers.
 MAX_PYTHON_THREADS = 8
 MAX_OS_THREADS = 16
 # gRPC's pool starts workers as calls arrive, up to its size (8), even for sequential calls.
@@ -180,5 +181,6 @@ def test_start_up_objects_are_frozen_out_of_the_cyclic_gc(probes: tuple[dict[str
     """A full collection must not walk the ~34k objects loaded at start (a multi-ms Allocate stall)."""
     after_start, after_allocates = probes
     assert after_start["gc_frozen"] > 10_000
-    assert after_start["gc_tracked"] < 1_000
+    # What the resource threads made after the freeze (starting, registering): under 1k measured.
+    assert after_start["gc_tracked"] < 5_000
     assert after_allocates["gc_tracked"] - after_start["gc_tracked"] < ALLOCATES, "Allocate leaves objects"
