@@ -42,7 +42,7 @@ UPSTREAM_DIR = Path(os.environ.get("NVDP_UPSTREAM_SHARED", ROOT.parent / "shared
 # commonly set in development shells and CI).
 PYCACHE = ROOT / ".build" / "bench-pycache"
 RESOURCE = "nvidia.com/gpu"
-NVIDIA, NVDP, BASELINE = "NVIDIA v0.20.0", "nvdp", "nvdp baseline"
+NVIDIA, NVDP = "NVIDIA v0.20.0", "nvdp"
 
 REPLICAS_128 = """\
 version: v1
@@ -111,7 +111,7 @@ def plugin(
     """One plugin process registered to a fresh simulator.
 
     `profile` names a stand-in NVML profile; None runs on NVIDIA's mock NVML (`upstream` unpacked).
-    `src` runs nvdp from another source tree (a baseline); `kind` is then BASELINE.
+    `src` runs nvdp from another source tree (a baseline); `kind` is then that baseline's label.
     """
     with tempfile.TemporaryDirectory(prefix="nvdp-bench-") as tmp:
         work = Path(tmp)
@@ -123,7 +123,7 @@ def plugin(
             config_file.write_text(config)
         node = NodeSim(profile, work / "state") if profile is not None else None
         nvml_env = node.env if node is not None else {"LD_LIBRARY_PATH": str(upstream / "lib")}  # type: ignore[operator]
-        if kind in (NVDP, BASELINE):
+        if kind != NVIDIA:
             env = nvdp_env(plugin_dir, config_file, src or ROOT / "src")
             argv = nvdp_command(python_args)
         else:
@@ -348,16 +348,16 @@ def measure_one(kind: str, upstream: Path, calls: int, pref_calls: int, src: Pat
     return figures
 
 
-def against_nvidia(runs: int, calls: int, pref_calls: int, baseline: Path | None) -> int:
+def against_nvidia(runs: int, calls: int, pref_calls: int, baselines: dict[str, Path]) -> int:
     reason = why_nvidia_cannot_run()
     if reason is not None:
         print(f"skipped --against-nvidia: {reason}")
         return 0
     upstream = unpack_upstream()
     warm_bytecode()
-    kinds = [NVIDIA, NVDP] if baseline is None else [NVIDIA, BASELINE, NVDP]
-    if baseline is not None:
-        with plugin("t4", kind=BASELINE, src=baseline) as run:  # its bytecode, as for nvdp
+    kinds = [NVIDIA, *baselines, NVDP]
+    for label, src in baselines.items():
+        with plugin("t4", kind=label, src=src) as run:  # its bytecode, as for nvdp
             wait_until(lambda: bool(run.kubelet.registrations))
     results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     loads = [load_average()]
@@ -365,13 +365,12 @@ def against_nvidia(runs: int, calls: int, pref_calls: int, baseline: Path | None
         # Each plugin goes first, middle and last equally often, so all see the same load.
         order = kinds[round_no % len(kinds):] + kinds[:round_no % len(kinds)]
         for kind in order:
-            src = baseline if kind == BASELINE else None
-            results[kind].append(measure_one(kind, upstream, calls, pref_calls, src))
+            results[kind].append(measure_one(kind, upstream, calls, pref_calls, baselines.get(kind)))
         loads.append(load_average())
     print(f"{runs} interleaved rounds, medians; {calls} Allocate and {pref_calls} GetPreferredAllocation "
           "calls per round; NVIDIA's mock NVML (8x A100) except XID")
-    if baseline is not None:
-        print(f"{BASELINE}: nvdp from {baseline}")
+    for label, src in baselines.items():
+        print(f"{label}: nvdp from {src}")
     print(f"load average (1/5/15 min) before and after each round: {' | '.join(loads)}\n")
     header = ("figure", *kinds, "nvdp/NVIDIA", "nvdp target", "met")
     table: list[tuple[str, ...]] = [header]
@@ -396,16 +395,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against-nvidia", action="store_true",
                         help="run NVIDIA's plugin v0.20.0 and nvdp alternately and compare (needs root)")
     parser.add_argument("--runs", type=int, default=5, help="interleaved rounds for --against-nvidia")
-    parser.add_argument("--baseline-src", type=Path, metavar="DIR",
+    parser.add_argument("--baseline", action="append", default=[], metavar="LABEL=DIR",
                         help="with --against-nvidia: also run nvdp from this src/ folder (e.g. an earlier "
-                             "commit's, from `git archive`) in the same rounds")
+                             "commit's, from `git archive`) in the same rounds, as column LABEL; repeatable")
     args = parser.parse_args(argv)
     build_library()
     calls = 100 if args.quick else 1000
     pref_calls = 20 if args.quick else 200
     try:
         if args.against_nvidia:
-            return against_nvidia(1 if args.quick else args.runs, calls, pref_calls, args.baseline_src)
+            baselines = {}
+            for spec in args.baseline:
+                label, sep, folder = spec.partition("=")
+                if not sep or not label or not folder:
+                    parser.error(f"--baseline {spec!r}: expected LABEL=DIR")
+                baselines[label] = Path(folder)
+            return against_nvidia(1 if args.quick else args.runs, calls, pref_calls, baselines)
         warm_bytecode()
         print(f"load average: {load_average()}")
         rows = [bench_start(1 if args.quick else 5)]

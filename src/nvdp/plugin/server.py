@@ -393,13 +393,16 @@ class ResourceServer:
         A health change flips a few devices: the others reuse their messages from earlier versions.
         """
         if self._list_message is None:
+            kept: dict[tuple[str, bool, int | None], Any] = {}  # only this version's: bounded by the list
             messages = []
             for device in self._resource.devices:
                 key = (device.id, device.healthy, device.numa_node)
                 message = self._device_messages.get(key)
                 if message is None:
-                    message = self._device_messages[key] = device_message(device)
+                    message = device_message(device)
+                kept[key] = message
                 messages.append(message)
+            self._device_messages = kept
             self._list_message = pb.ListAndWatchResponse(devices=messages)
         return self._list_message
 
