@@ -238,6 +238,20 @@ def containerd_images() -> set[str]:
     return set(done.stdout.split()) if done.returncode == 0 else set()
 
 
+def prune(k8s_dir: Path, ref: str, present: set[str]) -> None:
+    """Drop earlier builds of this repository (archives this builder stamped, containerd's copies)."""
+    repository = ref.rsplit(":", 1)[0]
+    keep = archive_path(k8s_dir, ref)
+    for stamp in keep.parent.glob(f"{repository.rsplit('/', 1)[-1]}_*.source"):
+        archive = stamp.with_suffix(".tar")
+        if archive != keep:
+            archive.unlink(missing_ok=True)
+            stamp.unlink(missing_ok=True)
+    stale = [r for r in present if r.rsplit(":", 1)[0] == repository and r != ref]
+    if stale:
+        subprocess.run(["ctr", "-n", "k8s.io", "images", "rm", *stale], capture_output=True, check=False)
+
+
 def build_images(
     kit: Path,
     repository_prefix: str = "docker.io/local",
@@ -281,6 +295,7 @@ def build_images(
              *packer_arguments(spec, SIM_ENV if stand_ins else {})], f"packing {ref}", env=env)  # fmt: skip
         shutil.rmtree(rootfs, ignore_errors=True)
         stamp.write_text(digest)
+        prune(k8s_dir, ref, present)
         built[name] = BuiltImage(name, ref, archive, reused=False)
         if log:
             print(f"built {ref}", file=sys.stderr)
