@@ -34,32 +34,48 @@ def test_final_stop_removes_each_resource_folder_and_keeps_the_rest(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nvml-sim", "shm"]
 
 
-def test_host_namespace_only_when_the_chart_says_pid_1_is_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not hostmount.host_namespace_reachable({})
-    assert not hostmount.host_namespace_reachable({hostmount.HOST_NAMESPACE_ENV: "false"})
+def test_host_namespace_only_when_the_chart_says_the_pids_are_the_hosts() -> None:
+    assert not hostmount.wanted({})
+    assert not hostmount.wanted({hostmount.HOST_NAMESPACE_ENV: "false"})
+    assert hostmount.wanted({hostmount.HOST_NAMESPACE_ENV: "true"})
+    # Here this process, its parent and (if readable) PID 1 share one mount namespace: nothing to join.
+    assert hostmount.host_namespace() is None
 
 
-def test_mount_shm_dry_run_in_the_host_namespace(monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def host_mode(monkeypatch: pytest.MonkeyPatch, namespace: Path | None) -> None:
     monkeypatch.setenv("MPS_ROOT", "/run/nvidia/mps")
-    monkeypatch.setattr(hostmount, "host_namespace_reachable", lambda env=None: True)
+    monkeypatch.setenv(hostmount.HOST_NAMESPACE_ENV, "true")
+    monkeypatch.setattr(hostmount, "host_namespace", lambda parent_pid=None: namespace)
+
+
+def test_mount_shm_dry_run_in_the_host_namespace(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host_mode(monkeypatch, Path("/proc/42/ns/mnt"))
     assert main.main(["mount-shm", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "in the host's mount namespace: mount -t tmpfs shm /run/nvidia/mps/shm" in out
+    assert "in the host's mount namespace (/proc/42/ns/mnt): mount -t tmpfs shm /run/nvidia/mps/shm" in out
 
 
 def test_host_mount_failure_names_the_fix(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("MPS_ROOT", "/run/nvidia/mps")
-    monkeypatch.setattr(hostmount, "host_namespace_reachable", lambda env=None: True)
+    host_mode(monkeypatch, Path("/proc/42/ns/mnt"))
 
-    def refuse() -> None:
+    def refuse(namespace: Path) -> None:
         raise hostmount.HostMountError(
-            1, "joining the host's mount namespace (/proc/1/ns/mnt): Operation not permitted"
+            1, f"joining the host's mount namespace ({namespace}): Operation not permitted"
         )
 
     monkeypatch.setattr(hostmount, "enter_host_namespace", refuse)
     assert main.main(["mount-shm"]) == 1
     err = capsys.readouterr().err
     assert "Operation not permitted" in err and "mps.enableHostPID=true" in err and "privileged" in err
+
+
+def test_no_host_namespace_to_join_fails_instead_of_mounting_where_nobody_sees_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host_mode(monkeypatch, None)
+    assert main.main(["mount-shm", "--dry-run"]) == 1
+    assert "cannot find the host's mount namespace" in capsys.readouterr().err

@@ -4,8 +4,10 @@ MPS clients in other pods get `<mps root>/shm` from the host as their /dev/shm, 
 the host's mount namespace. Mounting it inside the container and relying on `mountPropagation:
 Bidirectional` needs the MPS root on a shared mount; hosts without systemd keep / private, and the pod
 then never starts ("... is mounted on / but it is not a shared mount"). With the host's PID namespace (the
-chart's default `mps.enableHostPID`), a privileged process can instead join PID 1's mount namespace and
-mount there directly: no propagation, nothing to prepare on the host.
+chart's default `mps.enableHostPID`), a privileged process can instead join the host's mount namespace and
+mount there directly: no propagation, nothing to prepare on the host. The host's namespace is PID 1's, or,
+where PID 1 cannot be inspected, that of the container runtime's shim, the parent of the container's
+first process.
 
 Joining a mount namespace needs a single-threaded process, so the daemon runs these steps as a child
 process (`mps-control-daemon mount-shm` / `unmount-shm`). Only syscalls are used once inside, never the
@@ -42,31 +44,40 @@ def _check(result: int, what: str) -> None:
         raise HostMountError(code, f"{what}: {os.strerror(code)}")
 
 
-def host_namespace_reachable(env: Mapping[str, str] | None = None) -> bool:
-    """True when the chart says PID 1 is the host's init (hostPID) and it is in another mount namespace.
+def wanted(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the chart asked for the host's namespace.
 
-    Only the pod spec knows whether PID 1 is the host's init or the pod's pause process
+    Only the pod spec knows whether other PIDs are the host's (hostPID) or the pod's own
     (shareProcessNamespace), so the chart sets MPS_MOUNT_IN_HOST_NAMESPACE=true with hostPID.
     """
     source = os.environ if env is None else env
-    if source.get(HOST_NAMESPACE_ENV, "").lower() != "true":
-        return False
+    return source.get(HOST_NAMESPACE_ENV, "").lower() == "true"
+
+
+def host_namespace(parent_pid: int | None = None) -> Path | None:
+    """The mount namespace file of the host: PID 1's, else the parent's (the runtime's shim), if it
+    differs from ours and can be opened; None otherwise."""
     try:
-        return os.readlink(HOST_MOUNT_NS) != os.readlink("/proc/self/ns/mnt")
+        own = os.readlink("/proc/self/ns/mnt")
     except OSError:
-        return False
+        return None
+    for candidate in (HOST_MOUNT_NS, Path(f"/proc/{parent_pid or os.getppid()}/ns/mnt")):
+        try:
+            if os.readlink(candidate) != own:
+                return candidate
+        except OSError:
+            continue
+    return None
 
 
-def enter_host_namespace() -> None:
-    """Join PID 1's mount namespace (needs CAP_SYS_ADMIN and CAP_SYS_CHROOT: a privileged container)."""
+def enter_host_namespace(namespace: Path) -> None:
+    """Join that mount namespace (needs CAP_SYS_ADMIN and CAP_SYS_CHROOT: a privileged container)."""
     try:
-        fd = os.open(HOST_MOUNT_NS, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(namespace, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as err:
-        raise HostMountError(
-            err.errno or errno.EPERM, f"cannot open {HOST_MOUNT_NS}: {err.strerror}"
-        ) from err
+        raise HostMountError(err.errno or errno.EPERM, f"cannot open {namespace}: {err.strerror}") from err
     try:
-        _check(_libc().setns(fd, CLONE_NEWNS), f"joining the host's mount namespace ({HOST_MOUNT_NS})")
+        _check(_libc().setns(fd, CLONE_NEWNS), f"joining the host's mount namespace ({namespace})")
     finally:
         os.close(fd)
 

@@ -84,8 +84,17 @@ def host_shm_dir() -> Path | None:
 
 def mount_shm(dry_run: bool) -> int:
     host_path = host_shm_dir()
-    if host_path is not None and hostmount.host_namespace_reachable():
-        return mount_shm_on_host(host_path, dry_run)
+    if hostmount.wanted():
+        namespace = hostmount.host_namespace()
+        if host_path is None or namespace is None:
+            # Mounting in the container instead would look fine and reach nobody.
+            print(
+                f"{PROG} mount-shm: cannot find the host's mount namespace (PID 1 and this process's parent "
+                f"share ours, or {HOST_ROOT_ENV} is not an absolute path); {HOST_MODE_FIX}",
+                file=sys.stderr,
+            )
+            return 1
+        return mount_shm_on_host(host_path, namespace, dry_run)
     path = shm_dir(container_root())
     mounted = shm.is_mounted(path, shm.read_text(Path("/proc/mounts")) or "")
     size = shm.shm_size(shm.read_text(Path("/proc/meminfo")))
@@ -107,15 +116,15 @@ def mount_shm(dry_run: bool) -> int:
     return 0
 
 
-def mount_shm_on_host(path: Path, dry_run: bool) -> int:
+def mount_shm_on_host(path: Path, namespace: Path, dry_run: bool) -> int:
     """The tmpfs at `path` in the host's mount namespace (replacing one left by an earlier start)."""
     size = shm.shm_size(shm.read_text(Path("/proc/meminfo")))
-    print(f"in the host's mount namespace: mount -t tmpfs shm {path} -o {shm.MOUNT_OPTIONS},size={size}",
-          flush=True)  # fmt: skip
+    options = f"{shm.MOUNT_OPTIONS},size={size}"
+    print(f"in the host's mount namespace ({namespace}): mount -t tmpfs shm {path} -o {options}", flush=True)
     if dry_run:
         return 0
     try:
-        hostmount.enter_host_namespace()
+        hostmount.enter_host_namespace(namespace)
         path.mkdir(mode=0o755, parents=True, exist_ok=True)
         if hostmount.is_mount_point(path):
             hostmount.unmount(path)
@@ -126,13 +135,13 @@ def mount_shm_on_host(path: Path, dry_run: bool) -> int:
     return 0
 
 
-def unmount_shm(device: int) -> int:
+def unmount_shm(device: int, namespace: Path) -> int:
     """Detach the host's tmpfs at <MPS root>/shm if it is still the one this pod got (device `device`)."""
     path = host_shm_dir()
-    if path is None or not hostmount.host_namespace_reachable():
+    if path is None:
         return 0
     try:
-        hostmount.enter_host_namespace()
+        hostmount.enter_host_namespace(namespace)
         if hostmount.is_mount_point(path) and path.stat().st_dev == device:
             hostmount.unmount(path)
             print(f"unmounted the MPS tmpfs at {path}", flush=True)
@@ -158,11 +167,14 @@ def clean_up(settings: Sequence[MpsSettings], root: Path) -> None:
         device = Path("/dev/shm").stat().st_dev
     except OSError:
         return
-    if host_shm_dir() is not None and hostmount.host_namespace_reachable():
-        done = subprocess.run([sys.executable, "-m", "nvdp.mps.main", "unmount-shm", str(device)],
-                              capture_output=True, text=True, check=False, timeout=30)  # fmt: skip
-        for line in (done.stdout + done.stderr).splitlines():
-            log.info("%s", line)
+    # Found here, where the parent is still the runtime's shim; the child only joins it.
+    namespace = hostmount.host_namespace() if hostmount.wanted() else None
+    if host_shm_dir() is None or namespace is None:
+        return
+    argv = [sys.executable, "-m", "nvdp.mps.main", "unmount-shm", str(device), str(namespace)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    for line in (done.stdout + done.stderr).splitlines():
+        log.info("%s", line)
 
 
 class Signals:
@@ -265,8 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["mount-shm"]:
         return mount_shm(build_mount_parser().parse_args(arguments[1:]).dry_run)
-    if arguments[:1] == ["unmount-shm"] and len(arguments) == 2 and arguments[1].isdigit():
-        return unmount_shm(int(arguments[1]))
+    if arguments[:1] == ["unmount-shm"] and len(arguments) == 3 and arguments[1].isdigit():
+        return unmount_shm(int(arguments[1]), Path(arguments[2]))
     return run(build_parser().parse_args(arguments))
 
 
