@@ -70,6 +70,8 @@ def test_pods_get_the_mps_env_and_mounts(cluster: Cluster, release: Release, ima
     mounts = cluster.exec("default", "mps-client-0", "cat", "/proc/mounts")
     targets = {line.split()[1] for line in mounts.splitlines()}
     assert f"/mps/{GPU}/pipe" in targets and "/dev/shm" in targets, mounts
+    (shm,) = [line.split() for line in mounts.splitlines() if line.split()[1] == "/dev/shm"]
+    assert shm[2] == "tmpfs" and "size=65536k" not in shm[3], "the MPS tmpfs, not the pod's own 64 MiB one"
     listing = cluster.exec("default", "mps-client-0", "ls", f"/mps/{GPU}/pipe")
     assert "control" in listing.split(), "the daemon's control socket is in the pod's pipe directory"
 
