@@ -1,14 +1,16 @@
 """`mps-control-daemon`: runs one NVIDIA MPS control daemon per resource the config shares with MPS.
 
 It reads the same config as the plugin and plans the same resources, so the daemon and the plugin
-agree on names, GPUs and replicas. SIGTERM stops every daemon (compute modes back to DEFAULT, readiness
-markers removed) and exits 0; SIGHUP reloads the config and starts over.
+agree on names, GPUs and replicas. An MPS root that cannot hold the daemons' state stops start-up
+(exit 1, with the fix) before any compute mode changes. SIGTERM stops every daemon (compute modes
+back to DEFAULT, readiness markers removed) and exits 0, or 1 if a compute mode could not be
+restored; SIGHUP reloads the config and starts over.
 
 `mps-control-daemon mount-shm` mounts the tmpfs MPS clients share as /dev/shm (the chart's init container);
-with the host's PID namespace it does so in the host's mount namespace (no shared mount needed, see
-nvdp.mps.hostmount). On its final stop the daemon removes what it left on the host: each resource's pipe and
-log folders and readiness marker, and the tmpfs it mounted (`mps-control-daemon unmount-shm`; pods that
-still use it keep it until they end).
+with the host's PID namespace it does so in the host's mount namespace (no Bidirectional propagation, see
+nvdp.mps.hostmount). On its final stop the daemon removes what only a running daemon needs from the host:
+each resource's pipe folder and readiness marker, and the tmpfs it mounted (`mps-control-daemon
+unmount-shm`; pods that still use it keep it until they end). The bounded log folder stays.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from nvdp.mps import hostmount, shm
 from nvdp.mps.commands import MpsConfigError, MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeModes
 from nvdp.mps.daemons import Daemons, plan_mps
-from nvdp.mps.paths import ResourcePaths, container_root, shm_dir
+from nvdp.mps.paths import ResourcePaths, container_root, shm_dir, unusable_root, unusable_root_message
 from nvdp.mps.supervisor import DEFAULT_PROBE_INTERVAL_S
 
 PROG = "mps-control-daemon"
@@ -152,11 +154,21 @@ def unmount_shm(device: int, namespace: Path) -> int:
 
 
 def clean_up(settings: Sequence[MpsSettings], root: Path) -> None:
-    """After the final stop: nothing of ours stays on the host (see the module docstring)."""
+    """After the final stop: what only a running daemon needs goes (see the module docstring).
+
+    The log folder and status.json ("stopped") stay: control.log is bounded (rotated past its limit) and
+    explains a daemon that stopped; a later daemon continues it rather than replaying it.
+    """
     for item in settings:
         paths = ResourcePaths(root, item.resource_name)
-        shutil.rmtree(paths.base, ignore_errors=True)
-        parent = paths.base.parent
+        shutil.rmtree(paths.pipe_dir, ignore_errors=True)
+        try:
+            # status.json stays: it says "stopped", which is what the plugin should report.
+            paths.ready_marker.unlink(missing_ok=True)
+        except OSError as err:  # an unusable root was reported already; nothing of ours is left there
+            log.warning("%s: nothing cleaned up under %s: %s", item.resource_name, paths.base, err.strerror)
+            continue
+        parent = paths.base
         while parent != root and parent.is_relative_to(root):
             try:
                 parent.rmdir()  # only when empty: another resource of the same vendor may live there
@@ -227,6 +239,15 @@ def start_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, NvmlUnavailable, PlanError, MpsConfigError, ComputeModeError)
 
 
+def root_problem(root: Path, settings: Sequence[MpsSettings]) -> str | None:
+    """Why no daemon could work under `root`, checked before any GPU's compute mode is touched."""
+    for item in settings:
+        problem = unusable_root(root, ResourcePaths(root, item.resource_name).base)
+        if problem is not None:
+            return unusable_root_message(root, problem)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     signals = Signals()
     signals.install()
@@ -245,6 +266,11 @@ def run(args: argparse.Namespace) -> int:
                     return 1
                 log.error("config not reloaded, the running daemons stay as they are: %s", err)
             else:
+                unusable = root_problem(root, settings)
+                if unusable is not None and current is None:
+                    # Exit so the pod shows the failure (CrashLoopBackOff) instead of looking Running.
+                    log.error("cannot start: %s", unusable)
+                    return 1
                 if current is not None:
                     log.info("reloading: stopping the running MPS daemons")
                     current.stop()
@@ -262,9 +288,15 @@ def run(args: argparse.Namespace) -> int:
             signals.wait()
             if signals.stop:
                 log.info("stopping")
-                if current is not None:
-                    current.stop()
-                    clean_up(current.settings, root)
+                stopping, current = current, None
+                restored = stopping.stop() if stopping is not None else True
+                if stopping is not None:
+                    clean_up(stopping.settings, root)
+                if not restored:
+                    log.error(
+                        "stopped, but a GPU's compute mode could not be restored to DEFAULT (see above)"
+                    )
+                    return 1
                 return 0
             signals.reload = False
     finally:
