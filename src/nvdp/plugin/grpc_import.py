@@ -5,9 +5,11 @@
 grpcio's core imports asyncio, and asyncio imports ssl where it can: that loads _ssl with the
 system's libssl and libcrypto, about 4 MiB resident and 10 ms of start-up, into a process that speaks
 gRPC over unix sockets only. gRPC's own TLS is built into its core and does not use the ssl module,
-so it is unaffected. Only asyncio's module-level `ssl` stays None; a later `import ssl` anywhere else
-(a Kubernetes client, say) loads the real module as usual. The plugin's modules import grpc from
-here, so whichever of them comes first gets this.
+so it is unaffected, and a later `import ssl` anywhere else (an HTTPS client such as the Kubernetes
+one) loads the real module as usual. What stays without TLS is asyncio's own: its module-level `ssl`
+is None, so an asyncio TLS connection in this process would fail with "stdlib ssl module not
+available"; the plugin makes none (import ssl before grpc if that ever changes). The plugin's modules
+import grpc from here, so whichever of them comes first gets this.
 """
 
 from __future__ import annotations
