@@ -187,7 +187,8 @@ def test_token_without_node_binding_refused(plane: ControlPlane) -> None:
 
 
 class Labeller:
-    def __init__(self, plane: ControlPlane, node: str, tmp: Path, config: Path) -> None:
+    def __init__(self, plane: ControlPlane, node: str, tmp: Path, config: Path,
+                 extra: dict[str, str] | None = None) -> None:  # fmt: skip
         self.log = tmp / "gfd.log"
         self.sim = NodeSim("t4", tmp / "state")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NVML_SIM_", "GFD_"))
@@ -196,6 +197,7 @@ class Labeller:
         env.update({"NODE_NAME": node, "KUBECONFIG": str(pod_token_kubeconfig(plane, node)),
                     "CONFIG_FILE": str(config), "GFD_SLEEP_INTERVAL": "1s",
                     "GFD_MACHINE_TYPE_FILE": ""})  # fmt: skip
+        env.update(extra or {})
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "nvdp.gfd.main"], env=env, stdout=out,
                                          stderr=subprocess.STDOUT)  # fmt: skip
@@ -209,14 +211,14 @@ class Labeller:
 
 
 @pytest.fixture
-def labeller_factory(plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[[str, Path], Labeller]]:
+def labeller_factory(plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., Labeller]]:
     build_library()
     started: list[Labeller] = []
 
-    def start(node: str, config: Path) -> Labeller:
+    def start(node: str, config: Path, extra: dict[str, str] | None = None) -> Labeller:
         workdir = tmp_path / f"l{len(started)}"
         workdir.mkdir()
-        lab = Labeller(plane, node, workdir, config)
+        lab = Labeller(plane, node, workdir, config, extra)
         started.append(lab)
         return lab
 
@@ -251,7 +253,7 @@ def node_patches(plane: ControlPlane) -> int:
 
 @pytest.mark.slow
 def test_labels_appear_change_with_the_config_and_stale_ones_go(
-    plane: ControlPlane, labeller_factory: Callable[[str, Path], Labeller], tmp_path: Path
+    plane: ControlPlane, labeller_factory: Callable[..., Labeller], tmp_path: Path
 ) -> None:
     node = unique("gpu")
     stale = {N + "mig-1g.10gb.count": "7", N + "mig.strategy": "mixed"}  # an earlier labeller's
@@ -293,7 +295,7 @@ def test_labels_appear_change_with_the_config_and_stale_ones_go(
 
 @pytest.mark.slow
 def test_labeller_refused_for_another_node_reports_and_keeps_running(
-    plane: ControlPlane, labeller_factory: Callable[[str, Path], Labeller], tmp_path: Path
+    plane: ControlPlane, labeller_factory: Callable[..., Labeller], tmp_path: Path
 ) -> None:
     # A pod whose token says node A but which is told (wrongly) to label node B.
     a, b = unique("a"), unique("b")
@@ -320,3 +322,30 @@ def test_labeller_refused_for_another_node_reports_and_keeps_running(
         assert N + "gpu.product" not in get_node_labels(connect(plane.admin_kubeconfig), b).labels
     finally:
         lab.stop()
+
+
+@pytest.mark.slow
+def test_labels_follow_the_node_selected_config(
+    plane: ControlPlane, labeller_factory: Callable[..., Labeller], tmp_path: Path
+) -> None:
+    # The chart's per-node config: every entry in a directory, the node label picks one.
+    entries = tmp_path / "configs"
+    entries.mkdir()
+    (entries / "plain").write_text("version: v1\n")
+    (entries / "mps").write_text(MPS_10)
+    node = unique("per-node")
+    plane.create_node(node, {CONFIG_LABEL: "mps"})
+    lab = labeller_factory(node, entries / "plain", {"CONFIG_DIR": str(entries), "DEFAULT_CONFIG": "plain"})
+    labels = wait_labels(plane, node, lambda ls: ls.get(N + "mps.capable") == "true", lab)
+    assert labels[N + "gpu.product"] == "Tesla-T4-SHARED"
+
+    admin = connect(plane.admin_kubeconfig)
+    admin.patch(Node, node, {"metadata": {"labels": {CONFIG_LABEL: "plain"}}})
+    labels = wait_labels(plane, node, lambda ls: ls.get(N + "mps.capable") == "false", lab)
+    assert labels[N + "gpu.product"] == "Tesla-T4"
+
+    admin.patch(Node, node, {"metadata": {"labels": {CONFIG_LABEL: "mps"}}})
+    wait_labels(plane, node, lambda ls: ls.get(N + "mps.capable") == "true", lab)
+    assert labels[CONFIG_LABEL] == "plain"  # the selector itself is the user's: never written
+    lab.stop()
+    assert "labelling with entry 'mps' (from label)" in lab.text()

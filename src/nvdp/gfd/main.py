@@ -24,12 +24,14 @@ from types import FrameType
 
 from nvdp.config.loader import ConfigError, load_config
 from nvdp.config.model import Config
+from nvdp.config.select import SelectionError
 from nvdp.gfd.host import gpu_mode, machine_type
 from nvdp.gfd.labeller import labelling_pass
 from nvdp.gfd.labels import HostFacts, LabelError
 from nvdp.gfd.options import GFD_ENV_VARS, ProcessOptions, parse_duration, parse_options
 from nvdp.gfd.publish import FileOutput, NodeFeatureOutput, NodeOutput, Output
 from nvdp.inventory.model import Inventory
+from nvdp.nodeconfig import NodeConfig
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -150,7 +152,7 @@ class Discovery:
                 try:
                     self.config = self._reload()
                     next_read = 0.0
-                except ConfigError as e:
+                except (ConfigError, SelectionError) as e:
                     log.error("the new config is invalid; keeping the previous one:\n%s", e)
             now = self._clock()
             if now >= next_read:
@@ -213,58 +215,104 @@ def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
 
 
+class ConfigSource:
+    """Where the config comes from: one file (CONFIG_FILE), or this node's entry of CONFIG_DIR chosen by
+    its `nvidia.com/device-plugin.config` label, exactly as the plugin chooses it."""
+
+    def __init__(self, opts: ProcessOptions, env: Mapping[str, str], node_config: NodeConfig | None) -> None:
+        self.opts = opts
+        self.env = env
+        self.node_config = node_config
+
+    def load(self, *, initial: bool = False) -> Config:
+        if self.node_config is None:
+            return load(self.opts, self.env)
+        try:
+            chosen = self.node_config.choose(lenient=initial)
+            path = str(chosen.path) if chosen.path is not None else None
+            config = load_config(path, self.env, self.opts.overrides, env_vars=GFD_ENV_VARS)
+        except (SelectionError, ConfigError) as e:
+            self.node_config.report("InvalidConfig", f"gpu-feature-discovery: {e}")
+            raise
+        log.info("labelling with %s", chosen.describe())
+        return config
+
+
 def run(opts: ProcessOptions, env: Mapping[str, str]) -> int:
-    try:
-        config = load(opts, env)
-    except ConfigError as e:
-        log.error("invalid configuration:\n%s", e)
-        return EXIT_FAILED
     from nvdp.inventory.nvml import NvmlUnavailable
 
     wake = Wakeup()
     wake.install_signals()
-    try:
-        output, _client = make_output(opts, config)
-    except StartupError as e:
-        log.error("%s", e)
-        return EXIT_FAILED
-    first_labels: threading.Event | None = None
+    labels_seen = threading.Event()
+    outputs: list[NodeOutput] = []
+    latest: dict[str, Mapping[str, str]] = {}
+
+    def on_labels(labels: Mapping[str, str]) -> None:
+        latest["labels"] = labels
+        for out in outputs:
+            out.set_current(labels)
+        labels_seen.set()
+        wake.set()
+
+    def on_config_change() -> None:
+        wake.reload = True
+        wake.set()
+
+    node_config = None
+    if opts.node_config is not None:
+        node_config = NodeConfig(opts.node_config, on_config_change, log, component="gpu-feature-discovery",
+                                 on_labels=on_labels)  # fmt: skip
+        node_config.start()
+    source = ConfigSource(opts, env, node_config)
     watcher = None
-    if isinstance(output, NodeOutput):
-        from nvdp.kube import NodeWatcher, connect
-
-        first_labels = threading.Event()
-        node_output = output
-
-        def on_change(node: object) -> None:
-            node_output.set_current(node.labels)  # type: ignore[attr-defined]
-            first_labels.set()
-            wake.set()
-
-        watcher = NodeWatcher(connect(opts.kubeconfig), opts.node_name, on_change)
-        watcher.start()
-    discovery = Discovery(
-        opts, config, output, wake, reload=lambda: load(opts, env), first_labels=first_labels
-    )
-    log.info("Running with config from %s (migStrategy %s, sleepInterval %s, output %s)", config.source,
-             config.flags.mig_strategy, config.flags.gfd.sleep_interval, type(output).__name__)  # fmt: skip
     try:
-        return discovery.run()
-    except NvmlUnavailable as e:
-        log.error("%s", e)
-        return EXIT_FAILED
+        try:
+            config = source.load(initial=True)
+            output, _client = make_output(opts, config)
+        except (ConfigError, SelectionError) as e:
+            log.error("invalid configuration:\n%s", e)
+            return EXIT_FAILED
+        except StartupError as e:
+            log.error("%s", e)
+            return EXIT_FAILED
+        if isinstance(output, NodeOutput):
+            outputs.append(output)
+            if "labels" in latest:
+                output.set_current(latest["labels"])
+            if node_config is None:  # otherwise the per-node config's watch already follows the Node
+                from nvdp.kube import NodeWatcher, connect
+
+                watcher = NodeWatcher(connect(opts.kubeconfig), opts.node_name, lambda n: on_labels(n.labels))
+                watcher.start()
+        discovery = Discovery(opts, config, output, wake, reload=source.load,
+                              first_labels=labels_seen if outputs else None)  # fmt: skip
+        log.info("Running with config from %s (migStrategy %s, sleepInterval %s, output %s)",
+                 config.source, config.flags.mig_strategy, config.flags.gfd.sleep_interval,
+                 type(output).__name__)  # fmt: skip
+        try:
+            return discovery.run()
+        except NvmlUnavailable as e:
+            log.error("%s", e)
+            return EXIT_FAILED
+        finally:
+            keep = discovery.config.flags.gfd.oneshot or math.isinf(discovery.interval_s)
+            output.close(keep)
     finally:
         if watcher is not None:
             watcher.stop()
-        keep = config.flags.gfd.oneshot or math.isinf(discovery.interval_s)
-        output.close(keep)
+        if node_config is not None:
+            node_config.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     import os
 
     setup_logging()
-    opts = parse_options(argv)
+    try:
+        opts = parse_options(argv)
+    except SelectionError as e:  # FALLBACK_STRATEGIES names an unknown strategy
+        log.error("%s", e)
+        return EXIT_USAGE
     if opts.presence_only:
         from nvdp.gfd.presence import run_presence
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nvdp.config.sources import ENV_VARS
+from nvdp.nodeconfig import NodeConfigSettings, add_node_config_arguments, settings_from
 
 # GFD's names first: when two names lead to one path, the first one set wins.
 GFD_ENV_VARS: Mapping[str, str] = {
@@ -95,6 +96,8 @@ class ProcessOptions:
     sysfs_root: str
     presence_only: bool
     overrides: Mapping[str, object]
+    # Per-node config (CONFIG_DIR): the entry is chosen by the node's label, as the plugin does.
+    node_config: NodeConfigSettings | None = None
 
 
 def _dest(flag: str) -> str:
@@ -116,12 +119,11 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument(
                 *names, dest=_dest(flag), default=argparse.SUPPRESS, metavar="VALUE", help=_HELP[flag]
             )
-    p.add_argument("--node-name", help="this node's name (env NODE_NAME); needed for Node labels")
     p.add_argument(
         "--namespace", help="namespace of the NodeFeature object (env NAMESPACE, default: default)"
     )
     p.add_argument("--pod-name", help="this pod's name, for the NodeFeature owner (env POD_NAME)")
-    p.add_argument("--kubeconfig", help="kubeconfig outside a pod (env KUBECONFIG)")
+    add_node_config_arguments(p)  # --config-dir, --default-config, --node-name, --kubeconfig, ...
     p.add_argument("--sysfs-root", help="where sysfs is mounted (env GFD_SYSFS_ROOT, default /sys)")
     p.add_argument(
         "--presence-only",
@@ -150,4 +152,5 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str] | None = No
         sysfs_root=ns.sysfs_root or env.get("GFD_SYSFS_ROOT", "") or "/sys",
         presence_only=presence.strip().lower() in ("true", "1", "yes"),
         overrides=overrides,
+        node_config=settings_from(ns, env),
     )
