@@ -163,7 +163,8 @@ def test_seed_004_with_gfd_needs_no_hand_label() -> None:
 
 def test_notes_point_at_detect_nodes_with_the_default_affinity() -> None:
     assert "set gfd.detectNodes=true" in render({}).notes
-    assert "detectNodes" not in render({"gfd": {"detectNodes": True}}).notes
+    assert "set gfd.detectNodes=true" not in render({"gfd": {"detectNodes": True}}).notes
+    assert "which gfd.detectNodes sets on every node" in render({"gfd": {"detectNodes": True}}).notes
     seed = values_file(DATA / "seed-004-values.yaml")  # its own affinity: not our labels
     assert "detectNodes" not in render(seed).notes
 
