@@ -349,3 +349,100 @@ def test_labels_follow_the_node_selected_config(
     assert labels[CONFIG_LABEL] == "plain"  # the selector itself is the user's: never written
     lab.stop()
     assert "labelling with entry 'mps' (from label)" in lab.text()
+
+
+# -- the presence check and the NodeFeature output ------------------------------------------------
+
+
+def fake_sysfs(root: Path, vendor: str, pci_class: str) -> Path:
+    device = root / "bus" / "pci" / "devices" / "0000:00:06.0"
+    device.mkdir(parents=True)
+    (device / "vendor").write_text(vendor + "\n")
+    (device / "class").write_text(pci_class + "\n")
+    return root
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("vendor", "pci_class", "present"), [
+    ("0x10de", "0x030200", True),  # an NVIDIA 3D controller
+    ("0x8086", "0x030000", False),  # another vendor's VGA
+])  # fmt: skip
+def test_presence_check_labels_gpu_nodes_then_idles(
+    plane: ControlPlane, tmp_path: Path, vendor: str, pci_class: str, present: bool
+) -> None:
+    node = unique("presence")
+    plane.create_node(node, {"team": "ml"})
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "KUBECONFIG")}
+    env.update({"NODE_NAME": node, "KUBECONFIG": str(pod_token_kubeconfig(plane, node)),
+                "GFD_SYSFS_ROOT": str(fake_sysfs(tmp_path / "sys", vendor, pci_class))})  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "nvdp.gfd.main", "--presence-only"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        # done when the process has become the bare idle interpreter
+        while "-S" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace").split("\0"):
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "the presence check did not go idle"
+            time.sleep(0.1)
+        labels = get_node_labels(connect(plane.admin_kubeconfig), node).labels
+        assert (labels.get(N + "gpu.present") == "true") is present
+        assert labels["team"] == "ml"
+        time.sleep(0.5)
+        assert rss_kib(proc.pid) < 16 * 1024, f"idle RSS {rss_kib(proc.pid)} KiB"  # the chart requests 16Mi
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=10)[0].decode()
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out
+
+
+SCHEMA = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+NODE_FEATURE_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "nodefeatures.nfd.k8s-sigs.io"},
+    "spec": {"group": "nfd.k8s-sigs.io", "scope": "Namespaced",
+             "names": {"kind": "NodeFeature", "plural": "nodefeatures", "singular": "nodefeature"},
+             "versions": [{"name": "v1alpha1", "served": True, "storage": True, "schema": SCHEMA}]},
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_node_feature_output_writes_only_on_change(plane: ControlPlane, tmp_path: Path) -> None:
+    from nvdp.gfd.publish import NodeFeatureOutput
+
+    plane.apply(json.dumps(NODE_FEATURE_CRD))
+    plane.kubectl("wait", "--for=condition=Established", "crd/nodefeatures.nfd.k8s-sigs.io", "--timeout=30s")
+    node = unique("nfd")
+    admin = connect(plane.admin_kubeconfig)
+    output = NodeFeatureOutput(admin, node, "default")
+    wanted = {N + "gpu.product": "Tesla-T4", N + "gpu.count": "1"}
+    deadline = time.monotonic() + 15
+    while True:  # the new CRD's endpoint appears within moments
+        try:
+            assert output.publish(wanted, 1000) == {**wanted, N + "gfd.timestamp": "1000"}
+            break
+        except ApiError:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    got = json.loads(plane.kubectl("-n", "default", "get", "nodefeature", f"nvidia-features-for-{node}",
+                                   "-o", "json").stdout)  # fmt: skip
+    assert got["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": node}
+    assert got["spec"]["labels"] == {**wanted, N + "gfd.timestamp": "1000"}
+    version = got["metadata"]["resourceVersion"]
+    assert output.publish(wanted, 2000) == {}  # steady state: nothing written
+    # a new labeller process reads the object back and still writes nothing
+    assert NodeFeatureOutput(admin, node, "default").publish(wanted, 3000) == {}
+    again = json.loads(plane.kubectl("-n", "default", "get", "nodefeature", f"nvidia-features-for-{node}",
+                                     "-o", "json").stdout)  # fmt: skip
+    assert again["metadata"]["resourceVersion"] == version
+    assert output.publish({N + "gpu.product": "Tesla-T4"}, 4000) == {
+        N + "gpu.count": None,
+        N + "gfd.timestamp": "4000",
+    }

@@ -93,18 +93,22 @@ class FileOutput:
 
 
 class NodeFeatureOutput:
-    """An NFD NodeFeature object `nvidia-features-for-<node>`; NFD's master applies its labels."""
+    """An NFD NodeFeature object `nvidia-features-for-<node>`; NFD's master applies its labels.
+
+    Updates carry the resourceVersion last seen; when someone else changed the object in between, the
+    update is refused and the next pass reads it again.
+    """
 
     def __init__(self, client: Client, node_name: str, namespace: str) -> None:
+        from lightkube.generic_resource import create_namespaced_resource
+
         self._client = client
         self.node_name = node_name
         self.namespace = namespace
-        from lightkube.generic_resource import create_namespaced_resource
-
         self.name = f"{NODE_FEATURE_PREFIX}-{node_name}"
         self._kind = create_namespaced_resource("nfd.k8s-sigs.io", "v1alpha1", "NodeFeature", "nodefeatures")
         self._current: dict[str, str] | None = None
-        self._exists = False
+        self._version: str | None = None  # None: the object does not exist (yet)
 
     def _read(self) -> dict[str, str]:
         from lightkube.core.exceptions import ApiError
@@ -113,32 +117,35 @@ class NodeFeatureOutput:
             obj = self._client.get(self._kind, self.name, namespace=self.namespace)
         except ApiError as e:
             if e.status.code == 404:
-                self._exists = False
+                self._version = None
                 return {}
             raise
-        self._exists = True
+        self._version = obj.metadata.resourceVersion if obj.metadata else None
         spec = obj.get("spec") or {}
         return dict(spec.get("labels") or {})
 
     def publish(self, wanted: Mapping[str, str], now: int | None) -> LabelChanges:
+        from lightkube.core.exceptions import ApiError
         from lightkube.models.meta_v1 import ObjectMeta
 
         if self._current is None:
             self._current = self._read()
         changes = label_changes(self._current, wanted, now)
-        if not changes and self._exists:
+        if not changes and self._version is not None:
             return changes
         labels = apply_changes(self._current, changes)
         obj = self._kind(
-            metadata=ObjectMeta(name=self.name, namespace=self.namespace,
+            metadata=ObjectMeta(name=self.name, namespace=self.namespace, resourceVersion=self._version,
                                 labels={NFD_NODE_NAME_LABEL: self.node_name}),
             spec={"labels": labels},
         )  # fmt: skip
-        if self._exists:
-            self._client.replace(obj)  # the namespace is in the object
-        else:
-            self._client.create(obj)
-            self._exists = True
+        try:
+            # replace: the namespace is in the object
+            written = self._client.replace(obj) if self._version is not None else self._client.create(obj)
+        except ApiError:
+            self._current = None  # read it again on the next pass
+            raise
+        self._version = written.metadata.resourceVersion if written.metadata else None
         self._current = labels
         return changes
 
