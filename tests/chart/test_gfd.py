@@ -104,7 +104,10 @@ def test_node_feature_api_gets_its_rbac_rule() -> None:
     assert {"apiGroups": ["nfd.k8s-sigs.io"], "resources": ["nodefeatures"],
             "verbs": ["get", "create", "update"]} in rules  # fmt: skip
     rules = render({"gfd": {"enabled": True}}).one("ClusterRole")["rules"]
-    assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]}]
+    assert rules == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ]
 
 
 def test_rbac_binds_the_labeller_account() -> None:

@@ -96,6 +96,7 @@ class Discovery:
         reload: Callable[[], Config] | None = None,
         clock: Callable[[], float] = time.time,
         first_labels: threading.Event | None = None,
+        report: Callable[[str, str], None] | None = None,
     ) -> None:
         self.opts = opts
         self.config = config
@@ -105,6 +106,7 @@ class Discovery:
         self._reload = reload
         self._clock = clock
         self._first_labels = first_labels
+        self._report = report  # an Event on the Node, where the per-node config records them
         self._last_error: str | None = None
         self.passes = 0
 
@@ -132,8 +134,11 @@ class Discovery:
         result = labelling_pass(self.config, inventory, self.host_facts(inventory))
         if result.plan_error != self._last_error:
             if result.plan_error:
-                log.error("the config cannot apply to this node's GPUs, so the plugin advertises nothing "
-                          "and the labels show no sharing: %s", result.plan_error)  # fmt: skip
+                message = (f"the config cannot apply to this node's GPUs, so the plugin advertises nothing "
+                           f"and the labels show no sharing: {result.plan_error}")  # fmt: skip
+                log.error("%s", message)
+                if self._report is not None:
+                    self._report("InvalidConfig", f"gpu-feature-discovery: {message}")
             self._last_error = result.plan_error
         now = None if self.config.flags.gfd.no_timestamp else int(self._clock())
         changes = self.output.publish(result.labels, now)
@@ -285,7 +290,8 @@ def run(opts: ProcessOptions, env: Mapping[str, str]) -> int:
                 watcher = NodeWatcher(connect(opts.kubeconfig), opts.node_name, lambda n: on_labels(n.labels))
                 watcher.start()
         discovery = Discovery(opts, config, output, wake, reload=source.load,
-                              first_labels=labels_seen if outputs else None)  # fmt: skip
+                              first_labels=labels_seen if outputs else None,
+                              report=node_config.report if node_config is not None else None)  # fmt: skip
         log.info("Running with config from %s (migStrategy %s, sleepInterval %s, output %s)",
                  config.source, config.flags.mig_strategy, config.flags.gfd.sleep_interval,
                  type(output).__name__)  # fmt: skip
