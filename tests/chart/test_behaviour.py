@@ -132,6 +132,37 @@ def test_mps_without_host_pid_shares_the_process_namespace() -> None:
     assert spec["shareProcessNamespace"] is True
 
 
+def test_mps_shared_memory_follows_remounts_on_the_host() -> None:
+    """The daemon's init container mounts a new tmpfs at <mps.root>/shm on each start; the plugin
+    and the daemon must see that one, not the one (or the bare directory) they started with."""
+    rendered = render({"config": {"map": {"c": MPS_CONFIG}}})
+    daemon = rendered.one("DaemonSet", MPS)["spec"]["template"]["spec"]
+    mounts = {
+        "plugin": container(rendered.one("DaemonSet", PLUGIN), "nvidia-device-plugin-ctr")["volumeMounts"],
+        "daemon": container(rendered.one("DaemonSet", MPS), "mps-control-daemon-ctr")["volumeMounts"],
+        "init": daemon["initContainers"][0]["volumeMounts"],
+    }
+    propagation = {
+        (who, m["mountPath"]): m.get("mountPropagation")
+        for who, listed in mounts.items()
+        for m in listed
+        if m["name"] in ("mps-root", "mps-shm")
+    }
+    assert propagation == {
+        ("plugin", "/mps"): "HostToContainer",
+        ("plugin", "/dev/shm"): "HostToContainer",
+        ("daemon", "/mps"): "HostToContainer",
+        ("daemon", "/dev/shm"): "HostToContainer",
+        # With the host's PID namespace (the default) the init container mounts in the host's mount
+        # namespace, so it needs no propagation; without it, Bidirectional carries the mount out.
+        ("init", "/mps"): None,
+    }
+    assert daemon["initContainers"][0]["securityContext"] == {"privileged": True}
+    no_host_pid = render({"config": {"map": {"c": MPS_CONFIG}}, "mps": {"enableHostPID": False}})
+    init = no_host_pid.one("DaemonSet", MPS)["spec"]["template"]["spec"]["initContainers"][0]
+    assert {m["mountPath"]: m.get("mountPropagation") for m in init["volumeMounts"]}["/mps"] == "Bidirectional"
+
+
 @pytest.mark.parametrize(
     ("config", "key"),
     [
