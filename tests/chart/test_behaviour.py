@@ -160,7 +160,8 @@ def test_mps_shared_memory_follows_remounts_on_the_host() -> None:
     assert daemon["initContainers"][0]["securityContext"] == {"privileged": True}
     no_host_pid = render({"config": {"map": {"c": MPS_CONFIG}}, "mps": {"enableHostPID": False}})
     init = no_host_pid.one("DaemonSet", MPS)["spec"]["template"]["spec"]["initContainers"][0]
-    assert {m["mountPath"]: m.get("mountPropagation") for m in init["volumeMounts"]}["/mps"] == "Bidirectional"
+    propagated = {m["mountPath"]: m.get("mountPropagation") for m in init["volumeMounts"]}
+    assert propagated["/mps"] == "Bidirectional"
 
 
 @pytest.mark.parametrize(
