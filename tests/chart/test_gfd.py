@@ -186,3 +186,19 @@ def test_renders_valid_objects_on_1_30_and_later(values: dict[str, Any]) -> None
             except kubernetes_validate.ValidationError as error:
                 problems.append(f"{obj['kind']}/{obj['metadata']['name']} on {version}: {error.message}")
     assert not problems, "\n".join(problems)
+
+
+def test_per_node_config_is_followed_like_the_plugin() -> None:
+    two = {"config": {"map": {"plain": "version: v1\n", "mps": MPS_CONFIG}, "default": "plain"},
+           "gfd": {"enabled": True}}  # fmt: skip
+    rendered = render(two)
+    ctr, plugin = gfd_ctr(rendered), container(rendered.one("DaemonSet", PLUGIN), "nvidia-device-plugin-ctr")
+    for name in ("CONFIG_DIR", "DEFAULT_CONFIG", "FALLBACK_STRATEGIES"):
+        assert env(ctr)[name] == env(plugin)[name]
+    assert "CONFIG_FILE" not in env(ctr)
+    assert {m["mountPath"] for m in ctr["volumeMounts"]} == {"/available-configs"}
+    assert "checksum/config" not in (rendered.one("DaemonSet", GFD)["spec"]["template"]["metadata"]
+                                     .get("annotations") or {})  # fmt: skip
+    # and the labeller reads them: per-node settings from the rendered environment
+    opts = parse_options([], {k: v for k, v in env(ctr).items() if v is not None})
+    assert opts.node_config is not None and opts.node_config.default == "plain"
