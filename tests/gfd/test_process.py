@@ -246,3 +246,21 @@ def test_loop_reloads_on_sighup_and_reads_nvml_every_interval(tmp_path: Path) ->
     assert labels[N + "mps.capable"] == "true"
     assert labels[N + "gfd.timestamp"] == str(int(clock.t))
     assert len(reads) == 3  # start, after the interval, after the reload
+
+
+@pytest.mark.slow
+def test_no_driver_without_fail_on_init_error_keeps_retrying(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env.update({"NVIDIA_DRIVER_ROOT": str(tmp_path), "DRIVER_ROOT_CTR_PATH": str(tmp_path),
+                "GFD_FAIL_ON_INIT_ERROR": "false", "GFD_SLEEP_INTERVAL": "1s"})  # fmt: skip
+    args = ["--use-node-feature-api=false", "-o", str(tmp_path / "gfd")]
+    proc = subprocess.Popen([sys.executable, "-m", "nvdp.gfd.main", *args], env=env, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    time.sleep(3)
+    assert proc.poll() is None, "exited although failOnInitError is false"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert err.count("NVML is not available") >= 2  # retried every interval
+    assert "failOnInitError is false" in err
+    assert not (tmp_path / "gfd").exists()  # nothing labelled from a node it could not read
