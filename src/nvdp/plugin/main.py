@@ -44,6 +44,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Posted to the signal pipe by the per-node config threads; above every signal number.
 NODE_CONFIG_CHANGED = 250
+FATAL = 0  # not a signal number: posted on the signal pipe when the process must exit with a failure
 
 
 class StartupError(Exception):
@@ -94,13 +95,24 @@ class SignalInbox:
             os.write(self._write, bytes([code]))
 
     def wait(self, timeout: float | None = None) -> list[int]:
+        """Every signal received since the last call (all that queued up, in order); [] on timeout."""
         ready, _, _ = select.select([self._read], [], [], timeout)
         if not ready:
             return []
-        try:
-            return list(os.read(self._read, 64))
-        except BlockingIOError:
-            return []
+        received: list[int] = []
+        while True:
+            try:
+                chunk = os.read(self._read, 4096)
+            except BlockingIOError:
+                return received
+            received.extend(chunk)
+            if len(chunk) < 4096:
+                return received
+
+    def post_fatal(self) -> None:
+        """Wake the main loop to exit with a failure (a guarded thread died); safe from any thread."""
+        with contextlib.suppress(OSError):
+            os.write(self._write, bytes([FATAL]))
 
     def close(self) -> None:
         signal.set_wakeup_fd(-1)
@@ -149,11 +161,16 @@ class PluginProcess:
 
     def make_plan(self, config: Config, inventory: Inventory) -> Plan:
         from nvdp.plan import PlanError, plan
+        from nvdp.plugin.server import oversized
 
         try:
-            return plan(config, inventory)
+            planned = plan(config, inventory)
         except PlanError as err:
             raise StartupError(f"the configuration cannot be applied to this node's GPUs: {err}") from None
+        too_big = [reason for reason in map(oversized, planned.resources) if reason]
+        if too_big:
+            raise StartupError("the configuration cannot be served on this node: " + "; ".join(too_big))
+        return planned
 
     def prepare(self) -> Prepared:
         config = self.load_config()
@@ -177,7 +194,6 @@ class PluginProcess:
         self.manager = PluginManager(prepared.config, prepared.inventory, self.log)
         self.watch_kubelet(prepared.config, KubeletSocketWatcher)
         self.manager.apply(prepared.plan)
-        self.manager.start_background()
         self.start_health(prepared)
         if not prepared.plan.resources:
             self.log.info("No devices found. Waiting indefinitely.")
@@ -215,6 +231,10 @@ class PluginProcess:
         except (StartupError, NvmlMissing) as err:
             self.log.error("Reload failed; still serving the previous configuration.\n%s", err)
             return str(err)
+        except Exception as err:  # whatever went wrong, a reload must not take a serving plugin down
+            self.log.exception("Reload failed unexpectedly (%s: %s); still serving the previous "
+                               "configuration", type(err).__name__, err)
+            return f"{type(err).__name__}: {err}"
         if self.manager is None:
             self.serve(prepared)
             return None
@@ -335,17 +355,24 @@ class PluginProcess:
             self.serve(prepared)
         try:
             while True:
-                wakes = inbox.wait()
-                for signum in dict.fromkeys(wakes):  # a burst of label events re-plans once
-                    if signum == signal.SIGHUP and self.node_config is not None:
-                        self.reselect("Received SIGHUP")
-                    elif signum == signal.SIGHUP:
-                        self.reload()
-                    elif signum == NODE_CONFIG_CHANGED:
-                        self.reselect("Node config changed")
-                    elif signum in STOP_SIGNALS:
-                        self.log.info("Received signal %s, shutting down.", signal.Signals(signum).name)
-                        return EXIT_OK
+                received = inbox.wait()
+                # A stop signal goes first, however many reloads queued up before it.
+                stop = next((s for s in received if s in STOP_SIGNALS), None)
+                if stop is not None:
+                    self.log.info("Received signal %s, shutting down.", signal.Signals(stop).name)
+                    return EXIT_OK
+                if FATAL in received:
+                    self.log.error("Exiting so that the kubelet restarts the plugin (see the error above)")
+                    return EXIT_FAILED
+                reloads = received.count(signal.SIGHUP)
+                if reloads > 1:
+                    self.log.info("%d SIGHUPs arrived together; reloading once", reloads)
+                if reloads and self.node_config is not None:
+                    self.reselect("Received SIGHUP")
+                elif reloads:
+                    self.reload()
+                elif NODE_CONFIG_CHANGED in received:  # a burst of label events re-plans once
+                    self.reselect("Node config changed")
         finally:
             self.shutdown()
 
@@ -394,9 +421,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = setup_logging()
     log.info("Starting NVIDIA device plugin (nvdp %s)", __version__)
     inbox = SignalInbox()
+    from nvdp.plugin.guard import on_fatal
+
+    on_fatal(inbox.post_fatal)
     try:
         return PluginProcess(args, os.environ, log).run(inbox)
     finally:
+        on_fatal(None)
         inbox.close()
 
 
