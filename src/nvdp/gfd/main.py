@@ -191,11 +191,11 @@ class Discovery:
         return EXIT_OK
 
 
-def make_output(opts: ProcessOptions, config: Config) -> tuple[Output, object | None]:
-    """The output the config asks for, and the API client behind it (None for the file)."""
+def make_output(opts: ProcessOptions, config: Config) -> Output:
+    """The output the config asks for: the features.d file, a NodeFeature object or the Node."""
     use_nfd_api = config.flags.use_node_feature_api
     if use_nfd_api is False:
-        return FileOutput(config.flags.gfd.output_file), None
+        return FileOutput(config.flags.gfd.output_file)
     if not opts.node_name:
         raise StartupError(
             "no node name: set NODE_NAME (the chart sets it from spec.nodeName) or --node-name; "
@@ -208,8 +208,8 @@ def make_output(opts: ProcessOptions, config: Config) -> tuple[Output, object | 
     except KubeConnectError as e:
         raise StartupError(str(e)) from None
     if use_nfd_api:
-        return NodeFeatureOutput(client, opts.node_name, opts.namespace), client
-    return NodeOutput(client, opts.node_name), client
+        return NodeFeatureOutput(client, opts.node_name, opts.namespace)
+    return NodeOutput(client, opts.node_name)
 
 
 class StartupError(Exception):
@@ -273,7 +273,7 @@ def run(opts: ProcessOptions, env: Mapping[str, str]) -> int:
     try:
         try:
             config = source.load(initial=True)
-            output, _client = make_output(opts, config)
+            output = make_output(opts, config)
         except (ConfigError, SelectionError) as e:
             log.error("invalid configuration:\n%s", e)
             return EXIT_FAILED
