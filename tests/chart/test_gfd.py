@@ -202,3 +202,16 @@ def test_per_node_config_is_followed_like_the_plugin() -> None:
     # and the labeller reads them: per-node settings from the rendered environment
     opts = parse_options([], {k: v for k, v in env(ctr).items() if v is not None})
     assert opts.node_config is not None and opts.node_config.default == "plain"
+
+
+@pytest.mark.parametrize("kube_version", ["v1.25.0", "v1.29.0", "v1.30.0", "v1.36.0"])
+def test_lint_strict_clean_with_gfd_before_and_after_admission_policies(kube_version: str) -> None:
+    # Before 1.30 the policy is skipped (and NOTES say so); lint renders every template at that version.
+    import helm_python
+    from chart_helm import CHART_DIR
+
+    values = {"gfd": {"enabled": True, "detectNodes": True}}
+    report = helm_python.lint(str(CHART_DIR), values, strict=True, namespace="nvidia-device-plugin",
+                              kube_version=kube_version)  # fmt: skip
+    problems = [m for m in report["messages"] if m["error"] != "icon is recommended"]
+    assert not problems and not report["errors"], (problems, report["errors"])
