@@ -238,16 +238,23 @@ def containerd_images() -> set[str]:
     return set(done.stdout.split()) if done.returncode == 0 else set()
 
 
+KEEP_BUILDS = 3
+
+
 def prune(k8s_dir: Path, ref: str, present: set[str]) -> None:
-    """Drop earlier builds of this repository (archives this builder stamped, containerd's copies)."""
+    """Drop older builds of this repository (archives this builder stamped, containerd's copies), keeping
+    the newest few: checkouts of different branches take turns on one kit without rebuilding each time."""
     repository = ref.rsplit(":", 1)[0]
     keep = archive_path(k8s_dir, ref)
-    for stamp in keep.parent.glob(f"{repository.rsplit('/', 1)[-1]}_*.source"):
+    stamps = sorted(keep.parent.glob(f"{repository.rsplit('/', 1)[-1]}_*.source"),
+                    key=lambda p: p.stat().st_mtime, reverse=True)  # fmt: skip
+    kept = {keep} | {stamp.with_suffix(".tar") for stamp in stamps[:KEEP_BUILDS]}
+    for stamp in stamps:
         archive = stamp.with_suffix(".tar")
-        if archive != keep:
+        if archive not in kept:
             archive.unlink(missing_ok=True)
             stamp.unlink(missing_ok=True)
-    stale = [r for r in present if r.rsplit(":", 1)[0] == repository and r != ref]
+    stale = [r for r in present if r.rsplit(":", 1)[0] == repository and archive_path(k8s_dir, r) not in kept]
     if stale:
         subprocess.run(["ctr", "-n", "k8s.io", "images", "rm", *stale], capture_output=True, check=False)
 

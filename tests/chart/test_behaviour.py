@@ -153,10 +153,10 @@ def test_mps_shared_memory_follows_remounts_on_the_host() -> None:
         ("plugin", "/dev/shm"): "HostToContainer",
         ("daemon", "/mps"): "HostToContainer",
         ("daemon", "/dev/shm"): "HostToContainer",
-        # With the host's PID namespace (the default) the init container mounts in the host's mount
-        # namespace, so it needs no propagation; without it, Bidirectional carries the mount out.
+        # hostPID (the default): the init container mounts in the host's mount namespace instead.
         ("init", "/mps"): None,
     }
+    # Mounting in the host's namespace (or, without hostPID, Bidirectional propagation) needs privilege.
     assert daemon["initContainers"][0]["securityContext"] == {"privileged": True}
     no_host_pid = render({"config": {"map": {"c": MPS_CONFIG}}, "mps": {"enableHostPID": False}})
     init = no_host_pid.one("DaemonSet", MPS)["spec"]["template"]["spec"]["initContainers"][0]

@@ -56,7 +56,8 @@ def test_bad_config_is_refused_at_install(cluster: Cluster, images: Images, timi
     with timings.measure("bad config", "helm install refused"):
         done = release.install("--set-file", f"config.map.config={DATA / 'bad-config.yaml'}", check=False)
     assert done.returncode != 0
-    assert 'unknown key "migstrategy" under "flags"' in done.stderr, done.stderr
+    wanted = 'unknown key "migstrategy" under "flags". Did you mean flags.migStrategy?'
+    assert wanted in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not cluster.kubectl(
         "get", "pods", "-n", release.namespace, "-o", "name", check=False

@@ -15,7 +15,7 @@ def settings(name: str) -> MpsSettings:
     return MpsSettings(resource_name=name, gpus=(MpsGpu("GPU-1", 0, 0, "Tesla T4", 1 << 30, (7, 5), 2),))
 
 
-def test_final_stop_removes_each_resource_folder_and_keeps_the_rest(
+def test_final_stop_removes_pipe_and_marker_and_keeps_the_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(hostmount.HOST_NAMESPACE_ENV, raising=False)
@@ -28,10 +28,19 @@ def test_final_stop_removes_each_resource_folder_and_keeps_the_rest(
     (tmp_path / "shm").mkdir()
     (tmp_path / "nvml-sim").mkdir()
     main.clean_up([settings("nvidia.com/gpu")], tmp_path)
-    assert not (tmp_path / "nvidia.com" / "gpu").exists()
-    assert (tmp_path / "nvidia.com" / "gpu.shared" / "pipe").is_dir(), "another config's resource stays"
+    gpu = ResourcePaths(tmp_path, "nvidia.com/gpu")
+    assert not gpu.pipe_dir.exists() and not gpu.ready_marker.exists()
+    assert (gpu.log_dir / "control.log").read_text() == "log", "the bounded log stays for post-mortems"
+    assert ResourcePaths(tmp_path, "nvidia.com/gpu.shared").pipe_dir.is_dir(), (
+        "another config's resource stays"
+    )
     main.clean_up([settings("nvidia.com/gpu.shared")], tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["nvml-sim", "shm"]
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert left == [
+        "nvidia.com", "nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/gpu.shared/log",
+        "nvidia.com/gpu.shared/log/control.log", "nvidia.com/gpu/log", "nvidia.com/gpu/log/control.log",
+        "nvml-sim", "shm",
+    ]  # fmt: skip
 
 
 def test_host_namespace_only_when_the_chart_says_the_pids_are_the_hosts() -> None:

@@ -113,8 +113,8 @@ def test_root_lost_while_running_is_retried_visibly_and_sigterm_restores_the_mod
     assert daemon.wait() == 0, daemon.output()
     assert "Traceback" not in daemon.output()
     assert node.node.compute_mode(T4) == "DEFAULT"
-    # The final stop removes the resource's folders, its status file with them.
-    assert not paths(node).status_file.exists()
+    status = read_status(paths(node).status_file)
+    assert status is not None and status.state == "stopped"
 
 
 def test_sigterm_while_the_root_is_blocked_exits_0_with_the_mode_restored(node: MpsNode) -> None:

@@ -1,11 +1,11 @@
-"""Mounting and unmounting the MPS tmpfs in the host's mount namespace, so no host preparation is needed.
+"""Mounting and unmounting the MPS tmpfs in the host's mount namespace, without Bidirectional propagation.
 
 MPS clients in other pods get `<mps root>/shm` from the host as their /dev/shm, so the tmpfs must exist in
 the host's mount namespace. Mounting it inside the container and relying on `mountPropagation:
 Bidirectional` needs the MPS root on a shared mount; hosts without systemd keep / private, and the pod
 then never starts ("... is mounted on / but it is not a shared mount"). With the host's PID namespace (the
 chart's default `mps.enableHostPID`), a privileged process can instead join the host's mount namespace and
-mount there directly: no propagation, nothing to prepare on the host. The host's namespace is PID 1's, or,
+mount there directly, with no propagation. The host's namespace is PID 1's, or,
 where PID 1 cannot be inspected, that of the container runtime's shim, the parent of the container's
 first process.
 

@@ -11,10 +11,10 @@ FALLBACK_STRATEGIES; nvdp.nodeconfig): a node switched to an MPS entry gets its 
 switched away gets them stopped. Only a change of the chosen entry or its content restarts daemons.
 
 `mps-control-daemon mount-shm` mounts the tmpfs MPS clients share as /dev/shm (the chart's init container);
-with the host's PID namespace it does so in the host's mount namespace (no shared mount needed, see
-nvdp.mps.hostmount). On its final stop the daemon removes what it left on the host: each resource's pipe and
-log folders and readiness marker, and the tmpfs it mounted (`mps-control-daemon unmount-shm`; pods that
-still use it keep it until they end).
+with the host's PID namespace it does so in the host's mount namespace (no Bidirectional propagation, see
+nvdp.mps.hostmount). On its final stop the daemon removes what only a running daemon needs from the host:
+each resource's pipe folder and readiness marker, and the tmpfs it mounted (`mps-control-daemon
+unmount-shm`; pods that still use it keep it until they end). The bounded log folder stays.
 """
 
 from __future__ import annotations
@@ -160,11 +160,21 @@ def unmount_shm(device: int, namespace: Path) -> int:
 
 
 def clean_up(settings: Sequence[MpsSettings], root: Path) -> None:
-    """After the final stop: nothing of ours stays on the host (see the module docstring)."""
+    """After the final stop: what only a running daemon needs goes (see the module docstring).
+
+    The log folder and status.json ("stopped") stay: control.log is bounded (rotated past its limit) and
+    explains a daemon that stopped; a later daemon continues it rather than replaying it.
+    """
     for item in settings:
         paths = ResourcePaths(root, item.resource_name)
-        shutil.rmtree(paths.base, ignore_errors=True)
-        parent = paths.base.parent
+        shutil.rmtree(paths.pipe_dir, ignore_errors=True)
+        try:
+            # status.json stays: it says "stopped", which is what the plugin should report.
+            paths.ready_marker.unlink(missing_ok=True)
+        except OSError as err:  # an unusable root was reported already; nothing of ours is left there
+            log.warning("%s: nothing cleaned up under %s: %s", item.resource_name, paths.base, err.strerror)
+            continue
+        parent = paths.base
         while parent != root and parent.is_relative_to(root):
             try:
                 parent.rmdir()  # only when empty: another resource of the same vendor may live there
@@ -337,10 +347,10 @@ def run(args: argparse.Namespace) -> int:
             signals.node_config_changed = False
             if signals.stop:
                 log.info("stopping")
-                restored = current.stop() if current is not None else True
-                if current is not None:
-                    clean_up(current.settings, root)
-                current = None
+                stopping, current = current, None
+                restored = stopping.stop() if stopping is not None else True
+                if stopping is not None:
+                    clean_up(stopping.settings, root)
                 if not restored:
                     log.error(
                         "stopped, but a GPU's compute mode could not be restored to DEFAULT (see above)"
