@@ -77,11 +77,13 @@ def wait_for_policy(plane: ControlPlane) -> None:
     # by the API server's own informer).
     deadline = time.monotonic() + POLICY_WAIT_S
     last = "both patches allowed"
+    attempt = 0
     try:
         while time.monotonic() < deadline:
+            attempt += 1  # a new value each time: re-setting an unchanged label is no change to refuse
             try:
-                patch_node_labels(client, node, {N + "probe": "1"})  # allowed: proves RBAC is in
-                client.patch(Node, node, {"metadata": {"labels": {"probe": "1"}}})
+                patch_node_labels(client, node, {N + "probe": str(attempt)})  # allowed: RBAC is in
+                client.patch(Node, node, {"metadata": {"labels": {"probe": str(attempt)}}})
             except ApiError as e:
                 last = f"{e.status.code} {e.status.message}"
                 if e.status.code == 403 and "nvidia.com/" in (e.status.message or ""):
