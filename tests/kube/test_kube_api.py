@@ -222,6 +222,12 @@ def test_backoff_doubles_to_its_cap_with_jitter_and_resets() -> None:
     assert [low.next() for _ in range(3)] == [0.5, 1.0, 2.0]
 
 
+class Listed(list[object]):
+    def __init__(self, items: list[object], resource_version: str) -> None:
+        super().__init__(items)
+        self.resourceVersion = resource_version
+
+
 class GoneOnceClient:
     """Stands in for the API server only where a real one cannot be made to answer 410 on demand
     (its watch cache serves old resourceVersions while it can): the first watch fails with 410 Gone."""
@@ -238,9 +244,9 @@ class GoneOnceClient:
                                                  labels={CONFIG_LABEL: "b"}))
         self.closed = threading.Event()
 
-    def get(self, res: object, name: str) -> object:
+    def list(self, res: object, fields: object) -> Listed:
         self.gets += 1
-        return self._node
+        return Listed([self._node], "7")
 
     def watch(self, res: object, **kwargs: object) -> Iterator[tuple[str, object]]:
         from lightkube.models.meta_v1 import Status
@@ -264,6 +270,7 @@ def test_410_gone_starts_over_with_a_fresh_get(caplog: pytest.LogCaptureFixture)
         watcher.start()
         seen.wait_for(lambda s: s.get(CONFIG_LABEL) == "b")
         watcher.stop()
-    assert client.gets == 2 and client.watches == ["5", "5"]
+    # Each watch starts at the list's resourceVersion (7), not the Node's own (5).
+    assert client.gets == 2 and client.watches == ["7", "7"]
     assert [s[CONFIG_LABEL] for s in seen.states] == ["a", "b"]
     assert any("410 Expired: too old resource version" in r.getMessage() for r in caplog.records)

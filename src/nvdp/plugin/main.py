@@ -365,13 +365,14 @@ class PluginProcess:
                     self.log.error("Exiting so that the kubelet restarts the plugin (see the error above)")
                     return EXIT_FAILED
                 reloads = received.count(signal.SIGHUP)
-                if reloads > 1:
-                    self.log.info("%d SIGHUPs arrived together; reloading once", reloads)
-                if reloads and self.node_config is not None:
-                    self.reselect("Received SIGHUP")
-                elif reloads:
-                    self.reload()
-                elif NODE_CONFIG_CHANGED in received:  # a burst of label events re-plans once
+                if reloads:
+                    if reloads > 1:
+                        self.log.info("%d SIGHUPs arrived together; reloading once", reloads)
+                    if self.node_config is not None:
+                        self.reselect("Received SIGHUP")
+                    else:
+                        self.reload()
+                elif NODE_CONFIG_CHANGED in received:  # a burst of label or entry changes re-plans once
                     self.reselect("Node config changed")
         finally:
             self.shutdown()
