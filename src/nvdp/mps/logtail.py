@@ -100,18 +100,23 @@ class LogTail:
                 if handle is None:
                     handle, inode = self._open()
                 if handle is not None:
+                    lines: list[bytes] = []
                     while line := handle.readline():
                         if not line.endswith(b"\n"):
                             # A line still being written: read it again whole on the next pass.
                             handle.seek(-len(line), os.SEEK_CUR)
                             break
-                        self._emit(line)
+                        lines.append(line)
                     if self._replaced(handle, inode):
+                        self._emit_all(lines)
                         handle.close()
                         handle = None
                         continue
+                    # Rotated before the lines read are shown: whoever waits to see a line before
+                    # writing the next one cannot write into the moment between copy and truncate.
                     if handle.tell() >= self.max_bytes:
-                        self._rotate(handle)
+                        lines += self._rotate(handle)
+                    self._emit_all(lines)
                 if stopping:
                     return
                 # One more pass after stop(), so the daemon's last words (after `quit`) are shown.
@@ -140,22 +145,30 @@ class LogTail:
         if not (self.skip and self.skip in text):
             self.log.info("[%s] %s", self.prefix, text)
 
-    def _rotate(self, handle: BinaryIO) -> None:
+    def _emit_all(self, lines: list[bytes]) -> None:
+        for line in lines:
+            self._emit(line)
+
+    def _rotate(self, handle: BinaryIO) -> list[bytes]:
+        """Copy the file to control.log.1 and empty it; return the lines written since the last read."""
         shown = handle.tell()
         try:
-            shutil.copyfile(self.path, self.rotated_path)
+            # Copied beside it and renamed into place, so control.log.1 is never seen half written.
+            partial = self.rotated_path.with_name(self.rotated_path.name + ".tmp")
+            shutil.copyfile(self.path, partial)
+            os.replace(partial, self.rotated_path)
             os.truncate(self.path, 0)
         except OSError as err:
             self.log.warning("[%s] cannot rotate %s: %s", self.prefix, self.path, err)
             # Not again for every poll: only after another max_bytes.
             self.max_bytes = shown + self.max_bytes
-            return
+            return []
         handle.seek(0)
         # Lines the daemon wrote since the last read went into the copy: show them from there.
         with contextlib.suppress(OSError), self.rotated_path.open("rb") as copy:
             copy.seek(shown)
-            for line in copy:
-                self._emit(line)
+            return copy.readlines()
+        return []
 
     def _replaced(self, handle: BinaryIO, inode: int | None) -> bool:
         try:
