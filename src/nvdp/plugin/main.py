@@ -17,17 +17,19 @@ import os
 import select
 import signal
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from nvdp import __version__
+from nvdp import __version__, recording
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan
 
 if TYPE_CHECKING:
+    from nvdp.endpoints import HttpEndpoints
     from nvdp.plugin.health import HealthMonitor
     from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
     from nvdp.plugin.manager import PluginManager
@@ -48,8 +50,9 @@ class Prepared:
     plan: Plan
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     from nvdp.config.flags import add_config_arguments
+    from nvdp.plugin import observe
 
     parser = argparse.ArgumentParser(
         prog="nvidia-device-plugin",
@@ -57,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"nvidia-device-plugin {__version__}")
     add_config_arguments(parser)
+    observe.add_arguments(parser, os.environ if env is None else env)
     return parser
 
 
@@ -101,6 +105,9 @@ class PluginProcess:
         self.manager: PluginManager | None = None
         self.watcher: KubeletSocketWatcher | None = None
         self.health: HealthMonitor | None = None
+        # Why the plugin does not serve yet, for /readyz; None once it serves (or knowingly serves nothing).
+        self.not_serving_reason: str | None = "starting"
+        self.endpoints: list[HttpEndpoints] = []
 
     # --- preparing ---------------------------------------------------------------------------
 
@@ -152,6 +159,8 @@ class PluginProcess:
         self.manager.apply(prepared.plan)
         self.manager.start_background()
         self.start_health(prepared)
+        self.not_serving_reason = None
+        recording.config_active(prepared.config.source, "")
         if not prepared.plan.resources:
             self.log.info("No devices found. Waiting indefinitely.")
 
@@ -163,7 +172,12 @@ class PluginProcess:
             self.watcher.stop()
         manager = self.manager
         assert manager is not None
-        self.watcher = watcher_type(path, manager.kubelet_restarted, self.log)
+
+        def kubelet_restarted() -> None:
+            recording.kubelet_restart()
+            manager.kubelet_restarted()
+
+        self.watcher = watcher_type(path, kubelet_restarted, self.log)
         self.watcher.start()
 
     def start_health(self, prepared: Prepared) -> None:
@@ -183,8 +197,10 @@ class PluginProcess:
         try:
             prepared = self.prepare()
         except (StartupError, NvmlMissing) as err:
+            recording.config_reload(False, time.time())
             self.log.error("Reload failed; still serving the previous configuration.\n%s", err)
             return
+        recording.config_reload(True, time.time())
         if self.manager is None:
             self.serve(prepared)
             return
@@ -196,12 +212,15 @@ class PluginProcess:
             self.health = None
         diff = self.manager.apply(prepared.plan, prepared.config, prepared.inventory)
         self.log.info("Reload applied: %s", diff.describe())
+        recording.config_active(prepared.config.source, "")
         self.watch_kubelet(prepared.config, KubeletSocketWatcher)
         self.start_health(prepared)
         if not prepared.plan.resources:
             self.log.info("No devices found. Waiting indefinitely.")
 
     def shutdown(self) -> None:
+        for endpoint in self.endpoints:
+            endpoint.stop()
         if self.health is not None:
             # Do not wait out the health thread's NVML wait: the process is about to exit anyway.
             self.health.stop(timeout=0)
@@ -211,7 +230,19 @@ class PluginProcess:
             self.log.info("Stopping plugins.")
             self.manager.stop()
 
+    def start_endpoints(self) -> bool:
+        from nvdp.plugin import observe
+
+        try:
+            self.endpoints = observe.start(self, self.args, self.log)
+        except OSError as err:
+            self.log.error("%s; choose another port (--metrics-address / --health-address)", err)
+            return False
+        return True
+
     def run(self, inbox: SignalInbox) -> int:
+        if not self.start_endpoints():
+            return EXIT_FAILED
         try:
             prepared = self.prepare()
         except StartupError as err:
@@ -225,6 +256,7 @@ class PluginProcess:
                 return EXIT_FAILED
             self.log.warning("%s", err)
             self.log.warning("failOnInitError is false: serving nothing; send SIGHUP to retry")
+            self.not_serving_reason = None
             self.log.info("No devices found. Waiting indefinitely.")
         else:
             self.serve(prepared)
@@ -280,7 +312,11 @@ def setup_logging() -> logging.Logger:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from nvdp.plugin import observe
+
+    observe.check_addresses(parser, args)
     log = setup_logging()
     log.info("Starting NVIDIA device plugin (nvdp %s)", __version__)
     inbox = SignalInbox()

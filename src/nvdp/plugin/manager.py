@@ -22,6 +22,7 @@ from typing import Protocol
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan, PlannedResource
+from nvdp.plugin.probes import ResourceStatus
 
 RETRY_INTERVAL_S = 2.0
 REGISTER_TIMEOUT_S = 5.0
@@ -171,6 +172,27 @@ class PluginManager:
     @property
     def kubelet_socket(self) -> str:
         return self.config.flags.plugin.kubelet_socket_path
+
+    def resource_status(self) -> list[ResourceStatus]:
+        """Each planned resource: registered or not, and why an MPS gate holds it back (for /readyz)."""
+        with self._lock:
+            return [
+                ResourceStatus(name, name in self._registered,
+                               getattr(self._gates.get(name), "waiting_reason", None))
+                for name in self._servers
+            ]
+
+    def started_sockets(self) -> list[tuple[str, str]]:
+        """(resource, socket path) of every started server (for /healthz)."""
+        with self._lock:
+            return [(n, s.socket_path) for n, s in self._servers.items() if n in self._started]
+
+    def responsive(self, timeout: float) -> bool:
+        """False when the manager's lock stays taken for `timeout` seconds: something is stuck."""
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        self._lock.release()
+        return True
 
     # --- reconciling -------------------------------------------------------------------------
 

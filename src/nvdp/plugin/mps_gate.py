@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from nvdp import recording
 from nvdp.mps import control
 from nvdp.mps.paths import ResourcePaths, container_root
 
@@ -58,6 +59,8 @@ class MpsGate:
         self.probe_interval_s = probe_interval_s
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        # What is missing while the resource is held back (readiness and Events show it); None when ready.
+        self.waiting_reason: str | None = None
 
     @classmethod
     def from_env(
@@ -102,9 +105,13 @@ class MpsGate:
         waited = 0.0
         while True:
             problem = self.problem()
+            self.waiting_reason = problem
             if problem is None:
                 self.log.info("%s: MPS control daemon is ready", self.resource_name)
+                recording.mps_ready(self.resource_name, True)
                 return True
+            if last_logged is None:
+                recording.mps_ready(self.resource_name, False)
             if last_logged is None or waited - last_logged >= self.interval_s:
                 self.log.warning("%s", problem)
                 last_logged = waited
@@ -124,10 +131,12 @@ class MpsGate:
             state = ready
             while not self._stop.wait(self.probe_interval_s):
                 problem = self.problem()
+                self.waiting_reason = problem
                 now = problem is None
                 if now == state:
                     continue
                 state = now
+                recording.mps_ready(self.resource_name, now)
                 if now:
                     self.log.info(
                         "%s: MPS control daemon answers again; devices are Healthy", self.resource_name
@@ -141,6 +150,7 @@ class MpsGate:
 
     def close(self) -> None:
         self._stop.set()
+        recording.mps_gone(self.resource_name)
         if self._watcher is not None:
             self._watcher.join()
             self._watcher = None

@@ -12,6 +12,7 @@ import logging
 import os
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -21,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from nvdp import recording
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedDevice, PlannedResource
@@ -225,12 +227,14 @@ class ResourceServer:
             "device-plugins directory (k3s and microk8s use other paths)"
         )
         if not os.path.exists(kubelet_socket):
+            recording.registration(name, False)
             raise RegistrationError(f"cannot register {name}: no kubelet socket at {kubelet_socket}; {hint}")
         try:
             # wait_for_ready: connect (or keep retrying the connection) within the same deadline.
             with _fresh_channel(kubelet_socket) as channel:
                 pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as err:
+            recording.registration(name, False)
             if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise RegistrationError(
                     f"cannot register {name}: the kubelet did not answer on {kubelet_socket} within "
@@ -239,6 +243,7 @@ class ResourceServer:
             raise RegistrationError(
                 f"the kubelet at {kubelet_socket} refused {name}: {err.code().name}: {err.details()}"
             ) from err
+        recording.registration(name, True)
         self.log.info("Registered device plugin for '%s' with Kubelet", name)
 
     def update(self, resource: PlannedResource) -> None:
@@ -311,6 +316,7 @@ class ResourceServer:
                 message = self._device_list()
 
     def _allocate(self, request: Any, context: Any) -> Any:
+        started = time.perf_counter()
         with self._lock:
             resource = self._resource
         present = self._dev_paths_present or (lambda _path: False)
@@ -327,6 +333,7 @@ class ResourceServer:
                     cdi_uuid=self._cdi_uuid,
                 )
             except AllocationRefused as err:
+                recording.allocation_refused(resource.name, err.reason)
                 self.log.warning("Refused Allocate for %s %s: %s", resource.name, ids, err)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 raise  # abort() raises; this keeps type checkers aware of it
@@ -335,8 +342,11 @@ class ResourceServer:
                     "Allocate for %s includes unhealthy devices %s", resource.name, list(allocation.unhealthy)
                 )
             self.log.info("Allocate %s: %s", resource.name, ",".join(ids))
+            recording.allocated(resource.name, len(ids))
             responses.append(allocation_message(allocation))
-        return pb.AllocateResponse(container_responses=responses)
+        response = pb.AllocateResponse(container_responses=responses)
+        recording.allocate_duration(resource.name, time.perf_counter() - started)
+        return response
 
     def _preferred(self, request: Any, context: Any) -> Any:
         with self._lock:
