@@ -13,8 +13,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from nvdp import recording
 from nvdp.mps import control
 from nvdp.mps.commands import MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes
@@ -112,6 +114,9 @@ class ResourceDaemon:
             try:
                 self._launch()
             except (control.MpsCommandError, ComputeModeError, OSError) as err:
+                recording.mps_daemon_start(self.name, False)
+                recording.mps_daemon_ready(self.name, False)
+                recording.mps_daemon_restart(self.name)
                 delay = self.backoff.next()
                 self.log.error(
                     "%s: MPS control daemon did not start: %s; retrying in %gs", self.name, err, delay
@@ -120,9 +125,13 @@ class ResourceDaemon:
                 self._kill()
                 self._stop.wait(delay)
                 continue
+            recording.mps_daemon_start(self.name, True)
+            recording.mps_daemon_ready(self.name, True)
             problem = self._watch()
             if problem is None:
                 return
+            recording.mps_daemon_ready(self.name, False)
+            recording.mps_daemon_restart(self.name)
             self._remove_marker()
             self._kill()
             delay = self.backoff.next()
@@ -146,10 +155,10 @@ class ResourceDaemon:
             self.pid if self.pid is not None else "unknown",
             self.settings.visible_devices,
         )
-        output = control.send_commands(self.settings.commands, self.env).strip()
+        output = self._send(self.settings.commands)
         if output:
             self.log.warning("%s: the MPS control daemon answered its settings with: %s", self.name, output)
-        control.probe(self.paths.pipe_dir)
+        self._probe()
         self.paths.ready_marker.write_text(f"{self.pid or ''}\n")
         self.log.info("%s: ready (%s)", self.name, self.paths.ready_marker)
 
@@ -160,12 +169,31 @@ class ResourceDaemon:
             if self.pid is not None and not process_alive(self.pid):
                 return f"MPS control daemon (pid {self.pid}) exited"
             try:
-                control.probe(self.paths.pipe_dir)
+                self._probe()
             except control.MpsCommandError as err:
                 return f"MPS control daemon (pid {self.pid}) stopped answering: {err}"
             if time.monotonic() - ready_at >= BACKOFF_RESET_AFTER_S:
                 self.backoff.reset()
         return None
+
+    def _send(self, commands: Sequence[str]) -> str:
+        try:
+            output = control.send_commands(commands, self.env).strip()
+        except control.MpsCommandError:
+            for command in commands:
+                recording.mps_command(self.name, command.split()[0], False)
+            raise
+        for command in commands:
+            recording.mps_command(self.name, command.split()[0], True)
+        return output
+
+    def _probe(self) -> None:
+        try:
+            control.probe(self.paths.pipe_dir)
+        except control.MpsCommandError:
+            recording.mps_command(self.name, control.PROBE_COMMAND, False)
+            raise
+        recording.mps_command(self.name, control.PROBE_COMMAND, True)
 
     def _read_pid(self) -> int | None:
         try:
@@ -182,7 +210,7 @@ class ResourceDaemon:
         if not alive and (self.pid is not None or not self.paths.control_socket.exists()):
             return
         try:
-            control.send_commands(["quit"], self.env)
+            self._send(["quit"])
         except control.MpsCommandError as err:
             self.log.warning("%s: quit was not accepted: %s", self.name, err)
         deadline = time.monotonic() + QUIT_WAIT_S
