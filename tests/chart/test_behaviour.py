@@ -74,6 +74,7 @@ def test_null_values_leave_binary_defaults_and_typed_values_are_passed() -> None
         "DEVICE_PLUGIN_PATH",
         "NVIDIA_VISIBLE_DEVICES",
         "NVIDIA_DRIVER_CAPABILITIES",
+        "HEALTH_ADDRESS",  # probes are on by default; metrics are not
     }
     variables = env(
         plugin_ctr(

@@ -27,13 +27,14 @@ RENDERS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "mps-and-mig": {"config": {"map": {"config": MPS_CONFIG}}, "migStrategy": "single"},
     "cpu-manager": {"compatWithCPUManager": True},
+    "metrics": {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True}}},
 }
 
 # Findings accepted on purpose: check ID -> components it is accepted for. The reasons are in the
 # chart README ("checkov findings"), which must list every ID here.
 ACCEPTED: dict[str, set[str]] = {
-    "CKV_K8S_8": {"device-plugin", "mps-control-daemon", "test"},  # liveness probe
-    "CKV_K8S_9": {"device-plugin", "mps-control-daemon", "test"},  # readiness probe
+    "CKV_K8S_8": {"mps-control-daemon", "test"},  # liveness probe
+    "CKV_K8S_9": {"mps-control-daemon", "test"},  # readiness probe
     "CKV_K8S_10": {"device-plugin", "mps-control-daemon"},  # CPU requests
     "CKV_K8S_11": {"device-plugin", "mps-control-daemon"},  # CPU limits
     "CKV_K8S_12": {"device-plugin", "mps-control-daemon"},  # memory requests
