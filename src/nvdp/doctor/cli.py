@@ -1,0 +1,52 @@
+"""`nvdp doctor`: check a GPU node (or the plugin pod) in order, PASS / FAIL with the fix for each."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_FAILED = 1
+
+
+def register(sub: Any) -> None:
+    from nvdp.config.flags import add_config_arguments
+
+    parser = sub.add_parser(
+        "doctor",
+        help="check this node or plugin pod: NVML, driver, GPUs, runtime, kubelet, config, MPS, MIG",
+        description="Check, in order, what the plugin needs on this node and print PASS or FAIL with the "
+        "fix for each. Run it in the plugin pod (`kubectl exec <plugin pod> -- nvdp doctor`) or on the "
+        "node. Exit 0 when nothing failed, 1 otherwise.",
+    )
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument(
+        "--context",
+        choices=("auto", "container", "host"),
+        default="auto",
+        help="where this runs: in the plugin's container or on the node (default: detected)",
+    )
+    parser.add_argument("--sysfs-root", default="/sys", metavar="PATH", help="sysfs to read PCI devices from")
+    add_config_arguments(parser)
+    parser.set_defaults(handler=doctor_command)
+
+
+def doctor_command(args: argparse.Namespace) -> int:
+    from nvdp.config.flags import overrides_from_args
+    from nvdp.config.issues import ConfigError
+    from nvdp.config.loader import load_config
+    from nvdp.doctor.checks import Doctor, Where, detect_context
+    from nvdp.doctor.report import as_json, as_text, healthy
+
+    env = os.environ
+    try:
+        config, error = load_config(args.config_file, env, overrides_from_args(args)), None
+    except ConfigError as err:
+        config, error = None, str(err)
+    context = detect_context(env) if args.context == "auto" else args.context
+    where = Where(env=env, context=context, sysfs=Path(args.sysfs_root), node_name=env.get("NODE_NAME", ""))
+    findings = Doctor(where, config, error).run()
+    sys.stdout.write(as_json(findings) if args.json else as_text(findings))
+    return 0 if healthy(findings) else EXIT_FAILED
