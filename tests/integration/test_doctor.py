@@ -42,8 +42,14 @@ def driver_root(root: Path) -> Path:
 
 
 def doctor(env: dict[str, str], *args: str) -> tuple[int, dict[str, Any]]:
-    done = subprocess.run([sys.executable, "-m", "nvdp.cli", "doctor", "--json", *args], env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "nvdp.cli", "doctor", "--json", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.stderr == "", done.stderr
     report: dict[str, Any] = json.loads(done.stdout)
     assert report["ok"] == (done.returncode == 0)
@@ -60,18 +66,26 @@ def t4(tmp_path: Path, nvml_library: Path) -> NodeSim:
 
 
 def node_env(node: NodeSim, tmp_path: Path, plugin_dir: Path, **extra: str) -> dict[str, str]:
-    return {**clean_env(), **node.env, "DEVICE_PLUGIN_PATH": str(plugin_dir),
-            "DRIVER_ROOT_CTR_PATH": str(driver_root(tmp_path / "driver-root")), **extra}
+    return {
+        **clean_env(),
+        **node.env,
+        "DEVICE_PLUGIN_PATH": str(plugin_dir),
+        "DRIVER_ROOT_CTR_PATH": str(driver_root(tmp_path / "driver-root")),
+        **extra,
+    }
 
 
-def test_healthy_plugin_pod_passes_every_check_in_order(make_plugin: MakePlugin, kubelet: KubeletSim,
-                                                        tmp_path: Path, plugin_dir: Path) -> None:
+def test_healthy_plugin_pod_passes_every_check_in_order(
+    make_plugin: MakePlugin, kubelet: KubeletSim, tmp_path: Path, plugin_dir: Path
+) -> None:
     port = free_port()
     plugin, node = make_plugin("t4", HEALTH_ADDRESS=f"127.0.0.1:{port}")
     plugin.start()
     kubelet.wait_for_resource("nvidia.com/gpu", count=1, healthy=1, timeout=10)
     wait_for_http(port, "/readyz", 200)
-    env = node_env(node, tmp_path, plugin_dir, HEALTH_ADDRESS=f"127.0.0.1:{port}", NVIDIA_VISIBLE_DEVICES="all")
+    env = node_env(
+        node, tmp_path, plugin_dir, HEALTH_ADDRESS=f"127.0.0.1:{port}", NVIDIA_VISIBLE_DEVICES="all"
+    )
     code, report = doctor(env, "--context=container", f"--sysfs-root={fake_sysfs(tmp_path / 'sys', node)}")
     checks = by_check(report)
     assert [c["check"] for c in report["checks"]] == ORDER
@@ -86,9 +100,14 @@ def test_healthy_plugin_pod_passes_every_check_in_order(make_plugin: MakePlugin,
     assert plugin.stop() == 0
 
 
-def test_no_nvml_library_in_the_container_says_the_runtime_did_not_inject_it(tmp_path: Path,
-                                                                              plugin_dir: Path) -> None:
-    env = {**clean_env(), "DEVICE_PLUGIN_PATH": str(plugin_dir), "DRIVER_ROOT_CTR_PATH": str(tmp_path / "none")}
+def test_no_nvml_library_in_the_container_says_the_runtime_did_not_inject_it(
+    tmp_path: Path, plugin_dir: Path
+) -> None:
+    env = {
+        **clean_env(),
+        "DEVICE_PLUGIN_PATH": str(plugin_dir),
+        "DRIVER_ROOT_CTR_PATH": str(tmp_path / "none"),
+    }
     env.pop("LD_LIBRARY_PATH", None)
     code, report = doctor(env, "--context=container", f"--sysfs-root={tmp_path / 'sys'}")
     checks = by_check(report)
@@ -99,12 +118,15 @@ def test_no_nvml_library_in_the_container_says_the_runtime_did_not_inject_it(tmp
     assert checks["driver"]["status"] == "SKIP"
     assert checks["runtime"]["status"] == "FAIL"
     assert "could not load NVML library" in checks["runtime"]["detail"]
-    assert "default runtime" in checks["runtime"]["fix"] and "delete the plugin pod" in checks["runtime"]["fix"]
+    assert (
+        "default runtime" in checks["runtime"]["fix"] and "delete the plugin pod" in checks["runtime"]["fix"]
+    )
     assert checks["registration"]["status"] == "SKIP"
 
 
-def test_no_kubelet_socket_names_the_path_and_the_usual_causes(t4: NodeSim, tmp_path: Path,
-                                                               plugin_dir: Path) -> None:
+def test_no_kubelet_socket_names_the_path_and_the_usual_causes(
+    t4: NodeSim, tmp_path: Path, plugin_dir: Path
+) -> None:
     code, report = doctor(node_env(t4, tmp_path, plugin_dir), "--context=container")
     kubelet = by_check(report)["kubelet"]
     assert code == 1
@@ -120,10 +142,17 @@ def test_no_kubelet_socket_names_the_path_and_the_usual_causes(t4: NodeSim, tmp_
 
 def test_mps_daemon_absent_gives_the_label_command(t4: NodeSim, tmp_path: Path, plugin_dir: Path) -> None:
     config = tmp_path / "mps.yaml"
-    config.write_text("version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n"
-                      "        replicas: 10\n")
-    env = node_env(t4, tmp_path, plugin_dir, CONFIG_FILE=str(config), NODE_NAME="gpu-node-1",
-                   MPS_CONTAINER_ROOT=str(tmp_path / "mps"))
+    config.write_text(
+        "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 10\n"
+    )
+    env = node_env(
+        t4,
+        tmp_path,
+        plugin_dir,
+        CONFIG_FILE=str(config),
+        NODE_NAME="gpu-node-1",
+        MPS_CONTAINER_ROOT=str(tmp_path / "mps"),
+    )
     code, report = doctor(env, "--context=host")
     mps = by_check(report)["mps"]
     assert code == 1
@@ -132,8 +161,9 @@ def test_mps_daemon_absent_gives_the_label_command(t4: NodeSim, tmp_path: Path, 
     assert "kubectl label node gpu-node-1 nvidia.com/mps.capable=true" in mps["fix"]
 
 
-def test_bad_config_fails_with_every_problem_and_the_validate_command(t4: NodeSim, tmp_path: Path,
-                                                                      plugin_dir: Path) -> None:
+def test_bad_config_fails_with_every_problem_and_the_validate_command(
+    t4: NodeSim, tmp_path: Path, plugin_dir: Path
+) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text("version: v1\nflags:\n  migStrategy: sometimes\n  renameByDefault: true\n")
     code, report = doctor(node_env(t4, tmp_path, plugin_dir, CONFIG_FILE=str(config)), "--context=host")
@@ -147,8 +177,9 @@ def test_bad_config_fails_with_every_problem_and_the_validate_command(t4: NodeSi
     assert checks["nvml"]["status"] == "PASS"  # the driver checks still run on defaults
 
 
-def test_mig_without_monitoring_rights_in_the_container(tmp_path: Path, nvml_library: Path,
-                                                        plugin_dir: Path) -> None:
+def test_mig_without_monitoring_rights_in_the_container(
+    tmp_path: Path, nvml_library: Path, plugin_dir: Path
+) -> None:
     node = NodeSim("h100-mig-8", tmp_path / "state")
     env = node_env(node, tmp_path, plugin_dir, MIG_STRATEGY="mixed")
     code, report = doctor(env, "--context=container")
@@ -160,10 +191,20 @@ def test_mig_without_monitoring_rights_in_the_container(tmp_path: Path, nvml_lib
 
 
 def test_text_output_numbers_checks_and_prints_fixes(tmp_path: Path, plugin_dir: Path) -> None:
-    env = {**clean_env(), "DEVICE_PLUGIN_PATH": str(plugin_dir), "DRIVER_ROOT_CTR_PATH": str(tmp_path / "none")}
+    env = {
+        **clean_env(),
+        "DEVICE_PLUGIN_PATH": str(plugin_dir),
+        "DRIVER_ROOT_CTR_PATH": str(tmp_path / "none"),
+    }
     env.pop("LD_LIBRARY_PATH", None)
-    done = subprocess.run([sys.executable, "-m", "nvdp.cli", "doctor", "--context=container"], env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "nvdp.cli", "doctor", "--context=container"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     lines = done.stdout.splitlines()
     assert done.returncode == 1
     assert lines[0].startswith("1. [FAIL] NVML loads: NVML is not available (ERROR_LIBRARY_NOT_FOUND)")
@@ -178,15 +219,20 @@ def test_host_runtime_check_reads_the_runtime_configs(tmp_path: Path) -> None:
     (etc / "containerd").mkdir(parents=True)
     toml = etc / "containerd" / "config.toml"
     where = Where(env={}, context="host", etc=etc)
-    toml.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n  snapshotter = "overlayfs"\n')
+    toml.write_text(
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n  snapshotter = "overlayfs"\n'
+    )
     finding = Doctor(where, config, None).runtime()
     assert finding.status == "FAIL" and "--set-as-default" in finding.fix
-    toml.write_text(toml.read_text() + '  default_runtime_name = "nvidia"\n'
-                    '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n')
+    toml.write_text(
+        toml.read_text() + '  default_runtime_name = "nvidia"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+    )
     finding = Doctor(where, config, None).runtime()
     assert finding.status == "PASS" and "nvidia is the default runtime" in finding.detail
-    missing = Doctor(Where(env={}, context="host", etc=etc), load_config(env={"NVIDIA_DEV_ROOT": str(tmp_path)}),
-                     None).runtime()
+    missing = Doctor(
+        Where(env={}, context="host", etc=etc), load_config(env={"NVIDIA_DEV_ROOT": str(tmp_path)}), None
+    ).runtime()
     assert missing.status == "FAIL" and "modprobe nvidia" in missing.fix
 
 
