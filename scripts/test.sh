@@ -3,6 +3,19 @@
 set -euo pipefail
 . "$(dirname "$0")/venv.sh"
 cd "$ROOT"
+# Tests of the Kubernetes API edge start throwaway kube-apiservers from KUBEBUILDER_ASSETS; the
+# kit's idempotent setup.sh provides them (about 20 s when its Debian packages are present).
+K8S_KIT="$ROOT/../shared/k8s"
+export K8S_DIR="${K8S_DIR:-/tmp/nvdp-k8s}"
+if [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ ! -x "$K8S_DIR/assets/bin/kube-apiserver" ] \
+   && [ "$(id -u)" = 0 ] && [ -x "$K8S_KIT/setup.sh" ]; then
+  echo "== kit setup.sh (KUBEBUILDER_ASSETS for the API-server tests)"
+  bash "$K8S_KIT/setup.sh" >"${TMPDIR:-/tmp}/nvdp-kit-setup.log" 2>&1 \
+    || echo "kit setup failed (see ${TMPDIR:-/tmp}/nvdp-kit-setup.log); API-server tests will skip"
+fi
+if [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$K8S_DIR/assets/bin/kube-apiserver" ]; then
+  export KUBEBUILDER_ASSETS="$K8S_DIR/assets/bin"
+fi
 echo "== ruff"; ruff check src tests sim bench scripts
 echo "== mypy"; mypy
 echo "== pytest"; exec pytest -q "$@"

@@ -1,0 +1,44 @@
+"""Read a Node's labels and patch the `nvidia.com/*` ones."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from lightkube import Client
+from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
+
+# The only label prefix this project writes; anything else on the Node belongs to someone else.
+OWNED_LABEL_PREFIX = "nvidia.com/"
+
+
+@dataclass(frozen=True)
+class NodeLabels:
+    """A Node as the watcher sees it: identity, version, labels."""
+
+    name: str
+    uid: str
+    resource_version: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def node_labels(node: Node) -> NodeLabels:
+    meta = node.metadata
+    if meta is None or meta.name is None:
+        raise ValueError("API server returned a Node without metadata.name")
+    return NodeLabels(name=meta.name, uid=meta.uid or "", resource_version=meta.resourceVersion or "",
+                      labels=dict(meta.labels or {}))
+
+
+def get_node_labels(client: Client, name: str) -> NodeLabels:
+    return node_labels(client.get(Node, name=name))
+
+
+def patch_node_labels(client: Client, name: str, labels: Mapping[str, str | None]) -> NodeLabels:
+    """Set labels (value) or remove them (None) in one merge patch; only `nvidia.com/*` keys are allowed."""
+    foreign = sorted(key for key in labels if not key.startswith(OWNED_LABEL_PREFIX))
+    if foreign:
+        raise ValueError(f"refusing to patch labels outside {OWNED_LABEL_PREFIX}: {', '.join(foreign)}")
+    patch = {"metadata": {"labels": dict(labels)}}
+    return node_labels(client.patch(Node, name, patch, patch_type=PatchType.MERGE))
