@@ -13,6 +13,8 @@ from types import ModuleType
 from typing import Any
 
 _series: ModuleType | None = None
+# Where Node Events go (nvdp.plugin.node_events.NodeEvents); None: no API access, the log is all.
+_events: Any = None
 
 
 def enable() -> Any:
@@ -27,6 +29,11 @@ def enable() -> Any:
 
 def enabled() -> bool:
     return _series is not None
+
+
+def set_events(events: Any) -> None:
+    global _events
+    _events = events
 
 
 # --- plugin -----------------------------------------------------------------------------------------
@@ -78,11 +85,29 @@ def xid(gpu: str, code: int, action: str) -> None:
         _series.XID_EVENTS.labels(gpu, str(code), action).inc()
 
 
-def config_reload(applied: bool, at: float) -> None:
+def _reload(result: str, at: float) -> None:
     if _series is not None:
-        result = "applied" if applied else "refused"
         _series.CONFIG_RELOADS.labels(result).inc()
         _series.CONFIG_LAST_RELOAD.labels(result).set(at)
+
+
+def config_applied(source: str, change: str, changed: bool, at: float) -> None:
+    """A reload took effect; `changed`: some resource was added, removed or updated (an Event)."""
+    _reload("applied", at)
+    if _events is not None and changed:
+        _events.config_applied(source, change)
+
+
+def config_refused(error: str, at: float) -> None:
+    _reload("refused", at)
+    if _events is not None:
+        _events.config_refused(error)
+
+
+def devices_unhealthy(uuids: frozenset[str], reason: str) -> None:
+    """Health turned devices Unhealthy (the nvdp_devices gauge shows it at the next scrape)."""
+    if _events is not None:
+        _events.devices_unhealthy(uuids, reason)
 
 
 def config_active(source: str, entry: str) -> None:
@@ -91,9 +116,15 @@ def config_active(source: str, entry: str) -> None:
         _series.CONFIG_ACTIVE.labels(source, entry).set(1)
 
 
-def mps_ready(resource: str, ready: bool) -> None:
+def mps_ready(resource: str, ready: bool, reason: str = "") -> None:
+    """`reason`: what is missing and the fix, when not ready."""
     if _series is not None:
         _series.MPS_READY.labels(resource).set(1 if ready else 0)
+    if _events is not None:
+        if ready:
+            _events.mps_ready(resource)
+        else:
+            _events.mps_waiting(resource, reason)
 
 
 def mps_gone(resource: str) -> None:

@@ -197,13 +197,35 @@ def test_images_default_to_app_version_and_are_independent() -> None:
     assert (mps["image"], mps["imagePullPolicy"]) == ("example.com/mps:v9", "Always")
 
 
-def test_no_api_access_is_granted() -> None:
-    rendered = render({"config": {"map": {"c": MPS_CONFIG}}})
+def test_no_api_access_is_granted_without_events() -> None:
+    rendered = render({"config": {"map": {"c": MPS_CONFIG}}, "events": {"enabled": False}})
     kinds = {o["kind"] for o in rendered.objects}
     assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
     assert rendered.one("ServiceAccount")["automountServiceAccountToken"] is False
     for ds in rendered.find("DaemonSet"):
         assert ds["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_events_grant_only_creating_events_to_the_plugin() -> None:
+    rendered = render({"config": {"map": {"c": MPS_CONFIG}}})
+    (role,) = rendered.find("ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
+    (binding,) = rendered.find("ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    account = rendered.one("ServiceAccount")["metadata"]["name"]
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": "nvidia-device-plugin"}
+    assert binding["subjects"] == [subject]
+    automount = {ds["metadata"]["name"]: ds["spec"]["template"]["spec"]["automountServiceAccountToken"]
+                 for ds in rendered.find("DaemonSet")}
+    assert automount == {
+        "nvdp-nvidia-device-plugin": True,
+        "nvdp-nvidia-device-plugin-mps-control-daemon": False,
+    }
+    # The deny-all policy also denies egress: the API server's ports are opened for the plugin.
+    egress = rendered.one("NetworkPolicy", "nvdp-nvidia-device-plugin-allow-apiserver")["spec"]
+    assert egress["policyTypes"] == ["Egress"]
+    ports = [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]
+    assert egress["egress"] == [{"ports": ports}]
 
 
 def test_helm_test_pod_requests_one_gpu_and_runs_nvidia_smi() -> None:

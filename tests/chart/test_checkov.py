@@ -51,6 +51,7 @@ ACCEPTED: dict[str, set[str]] = {
     "CKV_K8S_22": {"device-plugin", "mps-control-daemon"},  # writable root filesystem
     "CKV_K8S_28": {"device-plugin", "mps-control-daemon"},  # NET_RAW (implied by privileged)
     "CKV_K8S_37": {"device-plugin", "mps-control-daemon"},  # capabilities (implied by privileged)
+    "CKV_K8S_38": {"device-plugin"},  # service account token mounted (Node events)
 }
 
 

@@ -32,8 +32,8 @@ def kubernetes_objects(rendered: Rendered) -> list[Manifest]:
 def test_metrics_off_renders_nothing_for_metrics() -> None:
     rendered = render({"config": {"map": {"config": MPS_CONFIG}}})
     assert rendered.find("Service") == [] and rendered.find("ServiceMonitor") == []
-    policies = [p["metadata"]["name"] for p in rendered.find("NetworkPolicy")]
-    assert policies == ["nvdp-nvidia-device-plugin-deny-all"]
+    policies = {p["metadata"]["name"] for p in rendered.find("NetworkPolicy")}
+    assert "nvdp-nvidia-device-plugin-allow-metrics" not in policies
     assert "METRICS_ADDRESS" not in env(plugin(rendered)) and "METRICS_ADDRESS" not in env(mps(rendered))
     assert [p["name"] for p in plugin(rendered)["ports"]] == ["health"]
     assert "ports" not in mps(rendered)

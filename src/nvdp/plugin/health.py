@@ -311,6 +311,7 @@ class HealthMonitor:
             self._on_unhealthy(fresh, reason)
         except Exception:  # a failing consumer must not end health checking
             self._log.exception("Could not apply health event for %s", sorted(fresh))
+        recording.devices_unhealthy(fresh, reason)
 
     def _close(self) -> None:
         # Called from the thread's exit and from stop(); NVML's init count must drop only once.

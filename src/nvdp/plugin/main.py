@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from nvdp.plugin.health import HealthMonitor
     from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
     from nvdp.plugin.manager import PluginManager
+    from nvdp.plugin.node_events import NodeEvents
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
@@ -108,6 +109,7 @@ class PluginProcess:
         # Why the plugin does not serve yet, for /readyz; None once it serves (or knowingly serves nothing).
         self.not_serving_reason: str | None = "starting"
         self.endpoints: list[HttpEndpoints] = []
+        self.events: NodeEvents | None = None
 
     # --- preparing ---------------------------------------------------------------------------
 
@@ -197,11 +199,11 @@ class PluginProcess:
         try:
             prepared = self.prepare()
         except (StartupError, NvmlMissing) as err:
-            recording.config_reload(False, time.time())
+            recording.config_refused(str(err), time.time())
             self.log.error("Reload failed; still serving the previous configuration.\n%s", err)
             return
-        recording.config_reload(True, time.time())
         if self.manager is None:
+            recording.config_applied(prepared.config.source, "first configuration served", True, time.time())
             self.serve(prepared)
             return
         from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
@@ -212,6 +214,8 @@ class PluginProcess:
             self.health = None
         diff = self.manager.apply(prepared.plan, prepared.config, prepared.inventory)
         self.log.info("Reload applied: %s", diff.describe())
+        changed = bool(diff.added or diff.removed or diff.changed or diff.restarted)
+        recording.config_applied(prepared.config.source, diff.describe(), changed, time.time())
         recording.config_active(prepared.config.source, "")
         self.watch_kubelet(prepared.config, KubeletSocketWatcher)
         self.start_health(prepared)
@@ -221,6 +225,9 @@ class PluginProcess:
     def shutdown(self) -> None:
         for endpoint in self.endpoints:
             endpoint.stop()
+        if self.events is not None:
+            recording.set_events(None)
+            self.events.close()
         if self.health is not None:
             # Do not wait out the health thread's NVML wait: the process is about to exit anyway.
             self.health.stop(timeout=0)
@@ -241,8 +248,12 @@ class PluginProcess:
         return True
 
     def run(self, inbox: SignalInbox) -> int:
+        from nvdp.plugin.node_events import NodeEvents
+
         if not self.start_endpoints():
             return EXIT_FAILED
+        self.events = NodeEvents.from_env(self.env, self.log)
+        recording.set_events(self.events)
         try:
             prepared = self.prepare()
         except StartupError as err:

@@ -111,7 +111,7 @@ class MpsGate:
                 recording.mps_ready(self.resource_name, True)
                 return True
             if last_logged is None:
-                recording.mps_ready(self.resource_name, False)
+                recording.mps_ready(self.resource_name, False, problem)
             if last_logged is None or waited - last_logged >= self.interval_s:
                 self.log.warning("%s", problem)
                 last_logged = waited
@@ -136,7 +136,7 @@ class MpsGate:
                 if now == state:
                     continue
                 state = now
-                recording.mps_ready(self.resource_name, now)
+                recording.mps_ready(self.resource_name, now, problem or "")
                 if now:
                     self.log.info(
                         "%s: MPS control daemon answers again; devices are Healthy", self.resource_name
