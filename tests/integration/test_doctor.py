@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from nvdp.doctor.checks import Doctor, Where
 from nvdp.kubelet_sim import KubeletSim
 from sim.nvml import NodeSim
 from tests.integration.scrape import free_port, wait_for_http
+from tests.kube.envtest import ControlPlane
 
 from .conftest import MakePlugin, clean_env
 
@@ -247,3 +249,32 @@ def test_shm_not_shared_with_the_mps_daemon_is_found(tmp_path: Path) -> None:
     os.rmdir(tmp_path / "own-shm")
     os.symlink(tmp_path / "mps" / "shm", tmp_path / "own-shm")
     assert doc._shm_problem(tmp_path / "mps" / "shm") is None
+
+
+def test_mps_check_reads_the_node_label_from_the_api(
+    t4: NodeSim, tmp_path: Path, plugin_dir: Path, kube_api: ControlPlane
+) -> None:
+    config = tmp_path / "mps.yaml"
+    config.write_text(
+        "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n"
+    )
+    node_name = f"gpu-{uuid.uuid4().hex[:8]}"
+    kube_api.create_node(node_name)
+    env = node_env(
+        t4,
+        tmp_path,
+        plugin_dir,
+        CONFIG_FILE=str(config),
+        NODE_NAME=node_name,
+        MPS_CONTAINER_ROOT=str(tmp_path / "mps"),
+        KUBECONFIG=str(kube_api.admin_kubeconfig),
+    )
+    mps = by_check(doctor(env, "--context=host")[1])["mps"]
+    assert mps["detail"].startswith(f"node {node_name} lacks the label nvidia.com/mps.capable=true")
+    assert mps["fix"] == f"kubectl label node {node_name} nvidia.com/mps.capable=true"
+    kube_api.kubectl("label", "node", node_name, "nvidia.com/mps.capable=true")
+    mps = by_check(doctor(env, "--context=host")[1])["mps"]
+    assert mps["detail"].startswith(
+        f"node {node_name} has nvidia.com/mps.capable=true but the MPS daemon is not"
+    )
+    assert "get pods -o wide" in mps["fix"]

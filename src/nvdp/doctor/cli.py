@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,21 @@ def register(sub: Any) -> None:
     parser.set_defaults(handler=doctor_command)
 
 
+def node_labels(node: str) -> Mapping[str, str] | None:
+    """The node's labels from the API, or None without access (no config, forbidden, unreachable)."""
+    if not node:
+        return None
+    try:
+        import httpx2
+        from lightkube.core.exceptions import ApiError
+
+        from nvdp.kube import KubeConnectError, connect, get_node_labels
+
+        return get_node_labels(connect(), node).labels
+    except (ImportError, KubeConnectError, ApiError, httpx2.HTTPError):
+        return None
+
+
 def doctor_command(args: argparse.Namespace) -> int:
     from nvdp.config.flags import overrides_from_args
     from nvdp.config.issues import ConfigError
@@ -46,7 +62,14 @@ def doctor_command(args: argparse.Namespace) -> int:
     except ConfigError as err:
         config, error = None, str(err)
     context = detect_context(env) if args.context == "auto" else args.context
-    where = Where(env=env, context=context, sysfs=Path(args.sysfs_root), node_name=env.get("NODE_NAME", ""))
+    node = env.get("NODE_NAME", "")
+    where = Where(
+        env=env,
+        context=context,
+        sysfs=Path(args.sysfs_root),
+        node_name=node,
+        node_labels=lambda: node_labels(node),
+    )
     findings = Doctor(where, config, error).run()
     sys.stdout.write(as_json(findings) if args.json else as_text(findings))
     return 0 if healthy(findings) else EXIT_FAILED
