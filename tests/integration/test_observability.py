@@ -129,3 +129,13 @@ def test_bad_metrics_address_is_a_usage_error(make_bare_plugin: MakeBarePlugin) 
     plugin.start("--metrics-address=9445")
     assert plugin.wait() == 2
     assert "--metrics-address: '9445' is not an address: use HOST:PORT or :PORT" in plugin.log
+
+
+def test_no_nvml_without_fail_on_init_error_is_ready_with_nothing(make_bare_plugin: MakeBarePlugin) -> None:
+    port = free_port()
+    plugin = make_bare_plugin(FAIL_ON_INIT_ERROR="false", HEALTH_ADDRESS=f"127.0.0.1:{port}")
+    plugin.start()
+    plugin.wait_for_log("No devices found. Waiting indefinitely.")
+    assert "no resources planned on this node" in wait_for_http(port, "/readyz", 200)
+    assert wait_for_http(port, "/healthz", 200) == "live\n"
+    assert plugin.stop() == 0

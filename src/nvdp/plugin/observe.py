@@ -80,8 +80,8 @@ class PluginEndpoints:
     def readyz(self) -> Response:
         process = self._process
         manager = process.manager
-        if manager is None:
-            return readiness(process.not_serving_reason or "starting", [])
+        if manager is None:  # not serving yet, or knowingly nothing (no NVML, failOnInitError false)
+            return readiness(process.not_serving_reason, [])
         return readiness(None, manager.resource_status())
 
     def healthz(self) -> Response:
