@@ -91,16 +91,16 @@ def _reload(result: str, at: float) -> None:
         _series.CONFIG_LAST_RELOAD.labels(result).set(at)
 
 
-def config_applied(source: str, change: str, changed: bool, at: float) -> None:
-    """A reload took effect; `changed`: some resource was added, removed or updated (an Event)."""
+def config_applied(source: str, change: str, changed: bool, at: float, notify: bool = True) -> None:
+    """A reload took effect; `changed`: some resource was added, removed or updated (an Event if `notify`)."""
     _reload("applied", at)
-    if _events is not None and changed:
+    if _events is not None and changed and notify:
         _events.config_applied(source, change)
 
 
-def config_refused(error: str, at: float) -> None:
+def config_refused(error: str, at: float, notify: bool = True) -> None:
     _reload("refused", at)
-    if _events is not None:
+    if _events is not None and notify:
         _events.config_refused(error)
 
 

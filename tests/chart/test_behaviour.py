@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chart_helm import Manifest, container, env, render, values_file
+from chart_helm import NAMESPACE, Manifest, container, env, render, values_file
 
 DATA = Path(__file__).parent / "data"
 PLUGIN = "nvdp-nvidia-device-plugin"
@@ -137,24 +137,52 @@ def test_mps_without_host_pid_shares_the_process_namespace() -> None:
     ("config", "key"),
     [
         ({"map": {"only": TS_CONFIG}}, "only"),
-        ({"map": {"a": TS_CONFIG, "default": TS_CONFIG}}, "default"),
-        ({"map": {"a": TS_CONFIG, "b": TS_CONFIG}, "default": "b"}, "b"),
         ({"map": {"only": TS_CONFIG}, "fallbackStrategies": ["named"], "default": "only"}, "only"),
-        ({"map": {"a": TS_CONFIG, "b": TS_CONFIG}, "fallbackStrategies": ["named", "empty"]}, None),
-        ({"name": "mine"}, "default"),
-        ({"name": "mine", "default": "gpu"}, "gpu"),
     ],
 )
-def test_config_entry_selection(config: dict[str, Any], key: str | None) -> None:
+def test_one_inline_entry_is_mounted_as_the_config_file(config: dict[str, Any], key: str) -> None:
     ds = render({"config": config}).one("DaemonSet", PLUGIN)
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     variables = env(container(ds, "nvidia-device-plugin-ctr"))
-    if key is None:
-        assert "config" not in volumes
-        assert "CONFIG_FILE" not in variables
-    else:
-        assert volumes["config"]["configMap"]["items"] == [{"key": key, "path": "config.yaml"}]
-        assert volumes["config"]["configMap"]["name"] == config.get("name", f"{PLUGIN}-configs")
+    assert volumes["config"]["configMap"]["items"] == [{"key": key, "path": "config.yaml"}]
+    assert volumes["config"]["configMap"]["name"] == f"{PLUGIN}-configs"
+    assert variables["CONFIG_FILE"] == "/config/config.yaml"
+    assert "available-configs" not in volumes and "CONFIG_DIR" not in variables
+
+
+@pytest.mark.parametrize(
+    ("config", "entries", "key"),
+    [
+        ({"map": {"a": TS_CONFIG, "default": TS_CONFIG}}, None, "default"),
+        ({"map": {"a": TS_CONFIG, "b": TS_CONFIG}, "default": "b"}, None, "b"),
+        ({"map": {"a": TS_CONFIG, "b": TS_CONFIG}, "fallbackStrategies": ["named", "empty"]}, None, None),
+        ({"name": "mine"}, ("default", "gpu"), "default"),
+        ({"name": "mine", "default": "gpu"}, ("default", "gpu"), "gpu"),
+    ],
+)
+def test_several_entries_or_an_existing_configmap_are_chosen_per_node(
+    config: dict[str, Any], entries: tuple[str, ...] | None, key: str | None
+) -> None:
+    """The whole ConfigMap is mounted; an unlabelled node gets what the chart's selection says."""
+    from nvdp.config.select import parse_fallbacks, select_entry
+
+    rendered = render({"config": config})
+    for name, ctr in ((PLUGIN, "nvidia-device-plugin-ctr"), (MPS, "mps-control-daemon-ctr")):
+        if name == MPS and not rendered.find("DaemonSet", MPS):
+            continue
+        ds = rendered.one("DaemonSet", name)
+        spec = ds["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        variables = env(container(ds, ctr))
+        assert volumes["available-configs"]["configMap"] == {"name": config.get("name", f"{PLUGIN}-configs")}
+        assert "config" not in volumes and "CONFIG_FILE" not in variables
+        assert variables["CONFIG_DIR"] == "/available-configs"
+        assert spec["automountServiceAccountToken"] is True
+        assert "checksum/config" not in ds["spec"]["template"]["metadata"].get("annotations", {})
+        names = entries or tuple(config["map"])
+        chosen = select_entry(names, None, variables.get("DEFAULT_CONFIG"),
+                              parse_fallbacks(variables["FALLBACK_STRATEGIES"]))
+        assert chosen.entry == key
 
 
 def test_inline_object_entries_are_rendered_as_yaml() -> None:
@@ -197,13 +225,33 @@ def test_images_default_to_app_version_and_are_independent() -> None:
     assert (mps["image"], mps["imagePullPolicy"]) == ("example.com/mps:v9", "Always")
 
 
-def test_no_api_access_is_granted_without_events() -> None:
-    rendered = render({"config": {"map": {"c": MPS_CONFIG}}, "events": {"enabled": False}})
+@pytest.mark.parametrize("values", [{}, {"config": {"map": {"c": MPS_CONFIG}}}])
+def test_no_api_access_is_granted_with_one_config_and_no_events(values: dict[str, Any]) -> None:
+    rendered = render({**values, "events": {"enabled": False}})
     kinds = {o["kind"] for o in rendered.objects}
     assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
     assert rendered.one("ServiceAccount")["automountServiceAccountToken"] is False
     for ds in rendered.find("DaemonSet"):
         assert ds["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert "egress" not in rendered.one("NetworkPolicy")["spec"]
+
+
+@pytest.mark.parametrize("config", [{"map": {"ts": TS_CONFIG, "mps": MPS_CONFIG}, "default": "ts"},
+                                    {"name": "mine", "default": "gpu"}])
+def test_per_node_config_grants_node_reads_and_event_writes_only(config: dict[str, Any]) -> None:
+    rendered = render({"config": config})
+    (role,) = rendered.find("ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    ]
+    (binding,) = rendered.find("ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "namespace": NAMESPACE,
+                                    "name": rendered.one("ServiceAccount")["metadata"]["name"]}]
+    assert not {o["kind"] for o in rendered.objects} & {"Role", "RoleBinding"}
+    ports = rendered.one("NetworkPolicy")["spec"]["egress"][0]["ports"]
+    assert {p["port"] for p in ports} == {443, 6443}
 
 
 def test_events_grant_only_creating_events_to_the_plugin() -> None:

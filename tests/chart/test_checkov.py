@@ -28,6 +28,7 @@ RENDERS: dict[str, dict[str, Any]] = {
     "mps-and-mig": {"config": {"map": {"config": MPS_CONFIG}}, "migStrategy": "single"},
     "cpu-manager": {"compatWithCPUManager": True},
     "metrics": {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True}}},
+    "per-node-config": {"config": {"map": {"mps": MPS_CONFIG, "plain": "version: v1\n"}, "default": "plain"}},
 }
 
 # Findings accepted on purpose: check ID -> components it is accepted for. The reasons are in the
@@ -51,7 +52,7 @@ ACCEPTED: dict[str, set[str]] = {
     "CKV_K8S_22": {"device-plugin", "mps-control-daemon"},  # writable root filesystem
     "CKV_K8S_28": {"device-plugin", "mps-control-daemon"},  # NET_RAW (implied by privileged)
     "CKV_K8S_37": {"device-plugin", "mps-control-daemon"},  # capabilities (implied by privileged)
-    "CKV_K8S_38": {"device-plugin"},  # service account token mounted (Node events)
+    "CKV_K8S_38": {"device-plugin", "mps-control-daemon"},  # SA token: Node events, per-node config
 }
 
 

@@ -128,6 +128,11 @@ def test_plugin_loads_the_rendered_config_and_env(values: dict[str, Any]) -> Non
         for c in spec["containers"]:
             variables = {k: v for k, v in env(c).items() if v is not None}
             assert ("CONFIG_FILE" in variables) == (text is not None)
+            if "CONFIG_DIR" in variables:
+                # Per-node config: every entry may be chosen on some node, so every one must load.
+                assert variables["CONFIG_DIR"] in {m["mountPath"] for m in c["volumeMounts"]}
+                for entry, entry_text in configs.items():
+                    loader.load_config_text(entry_text, f"{c['name']}:{entry}", env=variables)
             config = loader.load_config_text(text, c["name"], env=variables)
             if "MIG_STRATEGY" in variables:
                 assert config.flags.mig_strategy == variables["MIG_STRATEGY"]

@@ -51,6 +51,7 @@ def test_ci_files_cover_the_documented_scenarios() -> None:
         "metrics-values.yaml",
         "mig-mixed-values.yaml",
         "mps-values.yaml",
+        "per-node-config-values.yaml",
         "time-slicing-values.yaml",
     ]
 

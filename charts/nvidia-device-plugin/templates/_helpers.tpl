@@ -136,9 +136,41 @@ cannot be resolved.
 {{- $selected -}}
 {{- end -}}
 
-{{/* "true" when a config file is mounted into the pods. */}}
+{{/*
+"true" when each node picks its config entry (node label nvidia.com/device-plugin.config, then
+config.default, then the fallbacks): more than one inline entry, or an existing ConfigMap. The pods
+then mount every entry as a directory, read their Node's labels and record Events on it, which
+needs the API access granted in rbac.yaml. One inline entry needs none of that.
+*/}}
+{{- define "nvidia-device-plugin.perNodeConfig" -}}
+{{- if and .Values.devicePlugin.enabled (or .Values.config.name (gt (len .Values.config.map) 1)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when one config file (the selected entry) is mounted into the pods. */}}
 {{- define "nvidia-device-plugin.hasConfigFile" -}}
-{{- if include "nvidia-device-plugin.selectedConfig" . -}}true{{- end -}}
+{{- if and (include "nvidia-device-plugin.selectedConfig" .) (not (include "nvidia-device-plugin.perNodeConfig" .)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Per-node config: the environment that tells the plugin and the MPS daemon how to choose. */}}
+{{- define "nvidia-device-plugin.nodeConfigEnv" -}}
+- name: CONFIG_DIR
+  value: /available-configs
+{{- with .Values.config.default }}
+- name: DEFAULT_CONFIG
+  value: {{ . | quote }}
+{{- end }}
+- name: FALLBACK_STRATEGIES
+  value: {{ join "," .Values.config.fallbackStrategies | quote }}
+{{- end -}}
+
+{{/*
+Per-node config: the whole ConfigMap as a directory (no subPath, no items), so the kubelet's volume
+refresh brings ConfigMap edits to running pods, which pick them up without a restart.
+*/}}
+{{- define "nvidia-device-plugin.nodeConfigVolume" -}}
+- name: available-configs
+  configMap:
+    name: {{ include "nvidia-device-plugin.configMapName" . }}
 {{- end -}}
 
 {{/* sha256 of the inline configs, so pods roll when they change. */}}

@@ -7,7 +7,7 @@ labels. Everything above this package sees plain dicts and strings, never client
 
 from nvdp.kube.connect import KubeConnectError, connect
 from nvdp.kube.events import EventRecorder
-from nvdp.kube.node import NodeLabels, get_node_labels, patch_node_labels
+from nvdp.kube.node import NodeLabels, get_configmap_data, get_node_labels, patch_node_labels
 from nvdp.kube.watch import Backoff, NodeWatcher
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "NodeLabels",
     "NodeWatcher",
     "connect",
+    "get_configmap_data",
     "get_node_labels",
     "patch_node_labels",
 ]

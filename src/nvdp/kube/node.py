@@ -42,3 +42,10 @@ def patch_node_labels(client: Client, name: str, labels: Mapping[str, str | None
         raise ValueError(f"refusing to patch labels outside {OWNED_LABEL_PREFIX}: {', '.join(foreign)}")
     patch = {"metadata": {"labels": dict(labels)}}
     return node_labels(client.patch(Node, name, patch, patch_type=PatchType.MERGE))
+
+
+def get_configmap_data(client: Client, namespace: str, name: str) -> dict[str, str]:
+    """A ConfigMap's text entries (what the chart mounts as the entries directory)."""
+    from lightkube.resources.core_v1 import ConfigMap
+
+    return dict(client.get(ConfigMap, name=name, namespace=namespace).data or {})

@@ -4,6 +4,10 @@ It reads the same config as the plugin and plans the same resources, so the daem
 agree on names, GPUs and replicas. SIGTERM stops every daemon (compute modes back to DEFAULT, readiness
 markers removed) and exits 0; SIGHUP reloads the config and starts over.
 
+With CONFIG_DIR it follows the same per-node choice as the plugin (node label, DEFAULT_CONFIG,
+FALLBACK_STRATEGIES; nvdp.nodeconfig): a node switched to an MPS entry gets its daemons started, one
+switched away gets them stopped. Only a change of the chosen entry or its content restarts daemons.
+
 `mps-control-daemon mount-shm` mounts the tmpfs MPS clients share as /dev/shm (the chart's init container).
 """
 
@@ -29,6 +33,7 @@ from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeMod
 from nvdp.mps.daemons import Daemons, plan_mps
 from nvdp.mps.paths import container_root, shm_dir
 from nvdp.mps.supervisor import DEFAULT_PROBE_INTERVAL_S
+from nvdp.nodeconfig import Chosen, NodeConfig, add_node_config_arguments, settings_from
 
 PROG = "mps-control-daemon"
 PROBE_INTERVAL_ENV = "MPS_PROBE_INTERVAL"
@@ -59,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-address", default=os.environ.get(METRICS_ADDRESS_ENV) or None, metavar="HOST:PORT",
         help=f"serve Prometheus metrics at /metrics, e.g. :9446 (env {METRICS_ADDRESS_ENV}); off by default",
     )
+    add_node_config_arguments(parser)
     return parser
 
 
@@ -113,6 +119,7 @@ class Signals:
         self.wake = threading.Event()
         self.stop = False
         self.reload = False
+        self.node_config_changed = False
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
@@ -127,6 +134,11 @@ class Signals:
         self.reload = True
         self.wake.set()
 
+    def on_node_config(self) -> None:
+        """Called from the per-node config threads: wake the loop like SIGHUP, but only re-choose."""
+        self.node_config_changed = True
+        self.wake.set()
+
     def wait(self) -> None:
         # Short waits so signal handlers run promptly on the main thread.
         while not self.wake.wait(0.5):
@@ -135,14 +147,22 @@ class Signals:
 
 
 def load_settings(
-    args: argparse.Namespace,
+    args: argparse.Namespace, chosen: Chosen | None = None,
 ) -> tuple[str, list[MpsSettings], Callable[[], ComputeModes]]:
-    """Config source and MPS settings; raises the config, inventory, plan or MPS error as is."""
+    """Config source and MPS settings; raises the config, inventory, plan or MPS error as is.
+
+    `chosen`: the per-node entry (CONFIG_DIR mode), which replaces --config-file / CONFIG_FILE.
+    """
     from nvdp.config.flags import overrides_from_args
     from nvdp.config.loader import load_config
     from nvdp.inventory.nvml import discover
 
-    config = load_config(args.config_file, None, overrides_from_args(args))
+    if chosen is None:
+        config = load_config(args.config_file, None, overrides_from_args(args))
+    else:
+        env = {k: v for k, v in os.environ.items() if k != "CONFIG_FILE"}
+        path = str(chosen.path) if chosen.path is not None else None
+        config = load_config(path, env, overrides_from_args(args))
     inventory = discover(config.flags.nvidia_driver_root, config.flags.plugin.container_driver_root)
     modes_factory = partial(NvmlComputeModes, config.flags.plugin.container_driver_root)
     return config.source, plan_mps(config, inventory), modes_factory
@@ -150,10 +170,22 @@ def load_settings(
 
 def start_errors() -> tuple[type[BaseException], ...]:
     from nvdp.config.loader import ConfigError
+    from nvdp.config.select import SelectionError
     from nvdp.inventory.nvml import NvmlUnavailable
     from nvdp.plan import PlanError
 
-    return (ConfigError, NvmlUnavailable, PlanError, MpsConfigError, ComputeModeError)
+    return (ConfigError, NvmlUnavailable, PlanError, MpsConfigError, ComputeModeError, SelectionError)
+
+
+def start_node_config(args: argparse.Namespace, signals: Signals) -> NodeConfig | None:
+    settings = settings_from(args, os.environ)
+    if settings is None:
+        return None
+    # The plugin records the Events for this node; the daemon only logs.
+    node_config = NodeConfig(settings, signals.on_node_config, log, record_events=False,
+                             component=PROG)
+    node_config.start()
+    return node_config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,10 +204,31 @@ def run(args: argparse.Namespace) -> int:
                       err.strerror or err)
             return 1
     current: Daemons | None = None
+    chosen: Chosen | None = None
+    try:
+        node_config = start_node_config(args, signals)
+    except errors as err:
+        log.error("cannot start: %s", err)
+        return 1
     try:
         while True:
             try:
-                source, settings, modes_factory = load_settings(args)
+                candidate = None
+                if node_config is not None:
+                    candidate = node_config.choose(lenient=current is None)
+                    log.info("per-node config: %s", candidate.describe())
+                try:
+                    source, settings, modes_factory = load_settings(args, candidate)
+                except errors:
+                    if node_config is None or candidate is None or current is not None \
+                            or candidate.selection.reason != "label":
+                        raise
+                    # At start-up an invalid labelled entry must not keep MPS down for the default.
+                    log.error("per-node config %s is invalid; starting without the label",
+                              candidate.describe())
+                    candidate = node_config.without_label()
+                    source, settings, modes_factory = load_settings(args, candidate)
+                chosen = candidate
             except errors as err:
                 if current is None:
                     log.error("cannot start: %s", err)
@@ -197,15 +250,35 @@ def run(args: argparse.Namespace) -> int:
                     log.error("cannot start: %s", err)
                     return 1
             signals.wait()
+            while node_config is not None and signals.node_config_changed and not signals.reload \
+                    and not signals.stop:
+                signals.node_config_changed = False
+                if not changed_choice(node_config, chosen):
+                    signals.wait()
+            signals.node_config_changed = False
             if signals.stop:
                 log.info("stopping")
                 return 0
             signals.reload = False
     finally:
+        if node_config is not None:
+            node_config.stop()
         if current is not None:
             current.stop()
         if metrics is not None:
             metrics.stop()
+
+
+def changed_choice(node_config: NodeConfig, chosen: Chosen | None) -> bool:
+    """Whether the node's entry (or its content) differs from the one the daemons run with."""
+    from nvdp.config.select import SelectionError
+
+    try:
+        candidate = node_config.choose()
+    except SelectionError as err:
+        log.warning("per-node config not changed, the running daemons stay as they are: %s", err)
+        return False
+    return candidate != chosen
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,6 +29,15 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("--config", metavar="FILE", help="plugin config file (default: built-in defaults)")
+    parser.add_argument("--config-dir", metavar="DIR", help="a directory of config entries (the chart's "
+                        "config.map as files); the entry is chosen as on a node: --label, else "
+                        "--default-config, else --fallback-strategies")
+    parser.add_argument("--label", metavar="ENTRY", default="",
+                        help="value of the node label nvidia.com/device-plugin.config (with --config-dir)")
+    parser.add_argument("--default-config", metavar="ENTRY", help="config.default (with --config-dir)")
+    parser.add_argument("--fallback-strategies", metavar="LIST", default="named,single",
+                        help="config.fallbackStrategies, comma-separated (with --config-dir; default "
+                        "named,single)")
     parser.add_argument(
         "--node",
         metavar="PROFILE",
@@ -64,13 +73,38 @@ def _load(args: argparse.Namespace) -> tuple[Config, Inventory, Path]:
 
     # The preview ignores this shell's environment: the plugin's env comes from the chart.
     overrides = {"flags.migStrategy": args.mig_strategy} if args.mig_strategy else {}
-    cfg = load_config(args.config, {}, overrides)
+    cfg = load_config(chosen_file(args), {}, overrides)
     profile = resolve_profile(args.node)
     return cfg, load_profile(profile), profile
 
 
+def chosen_file(args: argparse.Namespace) -> str | None:
+    """--config, or the entry of --config-dir a node with --label would get (prints which, to stderr)."""
+    config_dir = getattr(args, "config_dir", None)
+    if not config_dir:
+        return str(args.config) if args.config else None
+    from nvdp.config.entries import entry_path, list_entries
+    from nvdp.config.select import parse_fallbacks, select_entry
+
+    if args.config:
+        raise SelectionUsage("--config and --config-dir exclude each other")
+    try:
+        entries = list_entries(config_dir)
+    except OSError as e:
+        raise SelectionUsage(f"cannot read --config-dir {config_dir}: {e.strerror or e}") from None
+    selection = select_entry(entries, args.label or None, args.default_config,
+                             parse_fallbacks(args.fallback_strategies))
+    args.entry_line = f"Entry: {selection.describe()}; entries in {config_dir}: {', '.join(entries)}"
+    return str(entry_path(config_dir, selection.entry)) if selection.entry is not None else None
+
+
+class SelectionUsage(Exception):
+    """Contradictory or unusable --config / --config-dir arguments."""
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from nvdp.config.issues import ConfigError
+    from nvdp.config.select import SelectionError
     from nvdp.inventory.profile import ProfileError
 
     out = out or sys.stdout
@@ -78,7 +112,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     try:
         cfg, inventory, profile = _load(args)
         result = plan(cfg, inventory)
-    except (ConfigError, ProfileError, PlanError) as e:
+    except (ConfigError, ProfileError, PlanError, SelectionError, SelectionUsage) as e:
         print(f"nvdp plan: error: {e}", file=err)
         return 2
     if args.json:
@@ -87,9 +121,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             "node": str(profile),
             "mig_strategy": cfg.flags.mig_strategy,
         }
+        if getattr(args, "entry_line", None):
+            doc["entry"] = args.entry_line
         doc.update(plan_to_dict(result, inventory))
         print(json.dumps(doc, indent=2), file=out)
     else:
+        if getattr(args, "entry_line", None):
+            print(args.entry_line, file=out)
         for line in render(result, inventory, cfg, profile):
             print(line, file=out)
     return 0

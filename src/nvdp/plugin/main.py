@@ -7,11 +7,17 @@ and the fix in the log; 2 for command-line usage errors.
 SIGHUP reloads the config, re-reads the GPUs and re-plans. Servers of unchanged resources keep
 running; an invalid new config is reported and the previous one stays in force. A re-plan is also
 the way to clear devices marked Unhealthy (nothing else brings them back, as in NVIDIA's plugin).
+
+With --config-dir (CONFIG_DIR) the config is one entry of a directory, chosen by this node's label
+`nvidia.com/device-plugin.config`, else DEFAULT_CONFIG, else FALLBACK_STRATEGIES (nvdp.nodeconfig).
+A label change or an edit of the chosen entry re-plans through the same path as SIGHUP; a label
+naming a missing or invalid entry leaves the running config in place and is recorded as an Event.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import select
@@ -30,6 +36,7 @@ from nvdp.plan.model import Plan
 
 if TYPE_CHECKING:
     from nvdp.endpoints import HttpEndpoints
+    from nvdp.nodeconfig import Chosen, NodeConfig
     from nvdp.plugin.health import HealthMonitor
     from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
     from nvdp.plugin.manager import PluginManager
@@ -38,6 +45,8 @@ if TYPE_CHECKING:
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# Posted to the signal pipe by the per-node config threads; above every signal number.
+NODE_CONFIG_CHANGED = 250
 
 
 class StartupError(Exception):
@@ -53,6 +62,7 @@ class Prepared:
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     from nvdp.config.flags import add_config_arguments
+    from nvdp.nodeconfig import add_node_config_arguments
     from nvdp.plugin import observe
 
     parser = argparse.ArgumentParser(
@@ -62,6 +72,7 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     parser.add_argument("--version", action="version", version=f"nvidia-device-plugin {__version__}")
     add_config_arguments(parser)
     observe.add_arguments(parser, os.environ if env is None else env)
+    add_node_config_arguments(parser)
     return parser
 
 
@@ -80,6 +91,12 @@ class SignalInbox:
     def _ignore(signum: int, frame: FrameType | None) -> None:
         # The wakeup fd carries the signal; the handler only has to exist.
         return None
+
+    def post(self, code: int) -> None:
+        """Wake the main loop from another thread, like a signal would (a one-byte write is atomic)."""
+        # A full pipe already holds wake-ups, so the main loop will run anyway.
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._write, bytes([code]))
 
     def wait(self, timeout: float | None = None) -> list[int]:
         ready, _, _ = select.select([self._read], [], [], timeout)
@@ -110,6 +127,9 @@ class PluginProcess:
         self.not_serving_reason: str | None = "starting"
         self.endpoints: list[HttpEndpoints] = []
         self.events: NodeEvents | None = None
+        self.node_config: NodeConfig | None = None
+        self.chosen: Chosen | None = None
+        self.rejected: Chosen | None = None
 
     # --- preparing ---------------------------------------------------------------------------
 
@@ -117,8 +137,14 @@ class PluginProcess:
         from nvdp.config.flags import overrides_from_args
         from nvdp.config.loader import ConfigError, load_config
 
+        path, env = self.args.config_file, self.env
+        if self.node_config is not None:
+            assert self.chosen is not None
+            # The entry chosen for this node, or none at all ("empty"): never CONFIG_FILE.
+            path = str(self.chosen.path) if self.chosen.path is not None else None
+            env = {k: v for k, v in self.env.items() if k != "CONFIG_FILE"}
         try:
-            return load_config(self.args.config_file, self.env, overrides_from_args(self.args))
+            return load_config(path, env, overrides_from_args(self.args))
         except ConfigError as err:
             raise StartupError(str(err)) from None
 
@@ -140,7 +166,8 @@ class PluginProcess:
 
     def prepare(self) -> Prepared:
         config = self.load_config()
-        self.log.info("Configuration from %s", config.source)
+        chosen = f", {self.chosen.describe()}" if self.chosen is not None else ""
+        self.log.info("Configuration from %s%s", config.source, chosen)
         try:
             inventory = self.discover(config)
         except NvmlMissing as err:
@@ -162,7 +189,7 @@ class PluginProcess:
         self.manager.start_background()
         self.start_health(prepared)
         self.not_serving_reason = None
-        recording.config_active(prepared.config.source, "")
+        recording.config_active(prepared.config.source, self.entry())
         if not prepared.plan.resources:
             self.log.info("No devices found. Waiting indefinitely.")
 
@@ -193,19 +220,24 @@ class PluginProcess:
                                     manager.mark_unhealthy, self.log)
         self.health.start()
 
-    def reload(self) -> None:
-        """SIGHUP: re-plan from a fresh config and GPU list; on any error keep serving as before."""
-        self.log.info("Received SIGHUP: reloading the configuration and re-reading the GPUs")
+    def reload(self, why: str = "Received SIGHUP") -> str | None:
+        """Re-plan from a fresh config and GPU list; on any error keep serving as before.
+
+        Returns None when applied, else the error (already logged).
+        """
+        self.log.info("%s: reloading the configuration and re-reading the GPUs", why)
         try:
             prepared = self.prepare()
         except (StartupError, NvmlMissing) as err:
-            recording.config_refused(str(err), time.time())
+            # Per-node config records its own event for this (InvalidConfig, with the entry's name).
+            recording.config_refused(str(err), time.time(), notify=self.node_config is None)
             self.log.error("Reload failed; still serving the previous configuration.\n%s", err)
-            return
+            return str(err)
         if self.manager is None:
-            recording.config_applied(prepared.config.source, "first configuration served", True, time.time())
+            recording.config_applied(prepared.config.source, "first configuration served", True, time.time(),
+                                     notify=self.node_config is None)
             self.serve(prepared)
-            return
+            return None
         from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
 
         log_plan(self.log, prepared.plan)
@@ -215,12 +247,85 @@ class PluginProcess:
         diff = self.manager.apply(prepared.plan, prepared.config, prepared.inventory)
         self.log.info("Reload applied: %s", diff.describe())
         changed = bool(diff.added or diff.removed or diff.changed or diff.restarted)
-        recording.config_applied(prepared.config.source, diff.describe(), changed, time.time())
-        recording.config_active(prepared.config.source, "")
+        recording.config_applied(prepared.config.source, diff.describe(), changed, time.time(),
+                                 notify=self.node_config is None)
+        recording.config_active(prepared.config.source, self.entry())
         self.watch_kubelet(prepared.config, KubeletSocketWatcher)
         self.start_health(prepared)
         if not prepared.plan.resources:
             self.log.info("No devices found. Waiting indefinitely.")
+        return None
+
+    # --- per-node config ---------------------------------------------------------------------
+
+    def start_node_config(self, inbox: SignalInbox) -> None:
+        """Start following the node label and the entries directory (CONFIG_DIR mode only)."""
+        from nvdp.config.select import SelectionError
+        from nvdp.nodeconfig import NodeConfig, settings_from
+
+        try:
+            settings = settings_from(self.args, self.env)
+        except SelectionError as err:
+            raise StartupError(str(err)) from None
+        if settings is None:
+            return
+        if self.args.config_file:
+            self.log.warning("--config-file is ignored: --config-dir (CONFIG_DIR) picks the config per node")
+        self.node_config = NodeConfig(settings, lambda: inbox.post(NODE_CONFIG_CHANGED), self.log)
+        self.node_config.start()
+        try:
+            self.chosen = self.node_config.choose(lenient=True)
+        except SelectionError as err:
+            raise StartupError(str(err)) from None
+
+    def prepare_first(self) -> Prepared:
+        """Start-up: a label naming an invalid entry must not keep the node from serving its default."""
+        try:
+            return self.prepare()
+        except StartupError as err:
+            node_config, chosen = self.node_config, self.chosen
+            if node_config is None or chosen is None or chosen.selection.reason != "label":
+                raise
+            from nvdp.config.select import SelectionError
+
+            try:
+                fallback = node_config.without_label()
+            except (SelectionError, OSError):
+                raise err from None
+            node_config.report("InvalidConfig", f"config entry {chosen.entry!r} chosen by the node label is "
+                               f"invalid; starting with {fallback.describe()} instead:\n{err}")
+            self.rejected, self.chosen = chosen, fallback
+            return self.prepare()
+
+    def reselect(self, why: str) -> None:
+        """The label, the entries or SIGHUP: choose again; re-plan when the choice or its content changed."""
+        from nvdp.config.select import SelectionError, UnknownEntry
+
+        node_config, current = self.node_config, self.chosen
+        assert node_config is not None and current is not None
+        try:
+            chosen = node_config.choose()
+        except SelectionError as err:
+            reason = "UnknownConfig" if isinstance(err, UnknownEntry) else "ConfigSelectionFailed"
+            node_config.report(reason, f"{err}; still serving {current.describe()}")
+            if why == "Received SIGHUP":
+                self.reload(why)
+            return
+        if chosen == current and why != "Received SIGHUP":
+            return
+        if chosen == self.rejected and why != "Received SIGHUP":
+            return  # already tried and reported; wait for the label or the entry to change
+        self.chosen = chosen
+        error = self.reload(f"{why}; config {chosen.describe()}")
+        if error is None:
+            self.rejected = None
+            if chosen.entry != current.entry or chosen.digest != current.digest:
+                node_config.report("ConfigApplied", f"now serving {chosen.describe()}, "
+                                   f"previously {current.describe()}", warning=False)
+            return
+        self.chosen, self.rejected = current, chosen
+        node_config.report("InvalidConfig", f"config {chosen.describe()} was not applied; still serving "
+                           f"{current.describe()}:\n{error}")
 
     def shutdown(self) -> None:
         for endpoint in self.endpoints:
@@ -228,6 +333,8 @@ class PluginProcess:
         if self.events is not None:
             recording.set_events(None)
             self.events.close()
+        if self.node_config is not None:
+            self.node_config.stop()
         if self.health is not None:
             # Do not wait out the health thread's NVML wait: the process is about to exit anyway.
             self.health.stop(timeout=0)
@@ -236,6 +343,10 @@ class PluginProcess:
         if self.manager is not None:
             self.log.info("Stopping plugins.")
             self.manager.stop()
+
+    def entry(self) -> str:
+        """The per-node config entry in force ("" with a single config file)."""
+        return (self.chosen.entry or "") if self.chosen is not None else ""
 
     def start_endpoints(self) -> bool:
         from nvdp.plugin import observe
@@ -255,7 +366,8 @@ class PluginProcess:
         self.events = NodeEvents.from_env(self.env, self.log)
         recording.set_events(self.events)
         try:
-            prepared = self.prepare()
+            self.start_node_config(inbox)
+            prepared = self.prepare_first()
         except StartupError as err:
             self.log.error("%s", err)
             return EXIT_FAILED
@@ -273,9 +385,14 @@ class PluginProcess:
             self.serve(prepared)
         try:
             while True:
-                for signum in inbox.wait():
-                    if signum == signal.SIGHUP:
+                wakes = inbox.wait()
+                for signum in dict.fromkeys(wakes):  # a burst of label events re-plans once
+                    if signum == signal.SIGHUP and self.node_config is not None:
+                        self.reselect("Received SIGHUP")
+                    elif signum == signal.SIGHUP:
                         self.reload()
+                    elif signum == NODE_CONFIG_CHANGED:
+                        self.reselect("Node config changed")
                     elif signum in STOP_SIGNALS:
                         self.log.info("Received signal %s, shutting down.", signal.Signals(signum).name)
                         return EXIT_OK
