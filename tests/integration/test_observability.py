@@ -139,3 +139,19 @@ def test_no_nvml_without_fail_on_init_error_is_ready_with_nothing(make_bare_plug
     assert "no resources planned on this node" in wait_for_http(port, "/readyz", 200)
     assert wait_for_http(port, "/healthz", 200) == "live\n"
     assert plugin.stop() == 0
+
+
+def test_active_config_names_the_per_node_entry(make_plugin: MakePlugin, kubelet: KubeletSim,
+                                                tmp_path: Path) -> None:
+    port = free_port()
+    entries = tmp_path / "entries"
+    entries.mkdir()
+    (entries / "plain").write_text("version: v1\n")
+    (entries / "shared").write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                                    "      - name: nvidia.com/gpu\n        replicas: 2\n")
+    plugin, _node = make_plugin("t4", CONFIG_DIR=str(entries), DEFAULT_CONFIG="shared")
+    plugin.start(f"--metrics-address=127.0.0.1:{port}")
+    kubelet.wait_for_resource("nvidia.com/gpu", count=2, timeout=10)
+    samples = scrape(port)
+    assert value(samples, "nvdp_config_active", source=str(entries / "shared"), entry="shared") == 1
+    assert plugin.stop() == 0
