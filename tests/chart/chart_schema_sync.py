@@ -4,11 +4,15 @@ Two files in the chart are generated from the repository's config-schema.json:
 
 - values.schema.json `$defs.nvdpConfig`: the schema itself, so Helm checks inline config entries
   written as YAML objects at install time. Helm's validator reads draft 2020-12, so the schema is
-  copied as is, except that its `$id`/`$schema` are dropped and its `#/...` references are
-  re-rooted under `#/$defs/nvdpConfig/...` (they would otherwise resolve against values.schema.json).
+  copied as is, except that its `$id`/`$schema` are dropped, its `#/...` references are re-rooted
+  under `#/$defs/nvdpConfig/...` (they would otherwise resolve against values.schema.json), and
+  `additionalProperties: false` is left out: Helm's schema error for an unknown key cannot say where
+  the key belongs, so validation.yaml checks the keys of inline entries as it does for strings.
 - templates/_config_keys.tpl: the known keys of every object in the config file, which
   validation.yaml uses to reject unknown keys in string entries (from --set-file), where the schema
-  cannot reach.
+  cannot reach; and, per object, the loader's own "did you mean" for every key name the schema
+  knows, so a misplaced or wrongly cased key gets the same suggestion at install time as from
+  `nvdp config validate` (a misspelt one gets the list of keys valid there).
 
 Run `python -m tests.chart.chart_schema_sync` from the repository root to rewrite both;
 `--check` only reports whether they are stale (exit status 1).
@@ -37,6 +41,8 @@ def _rerooted(node: Any) -> Any:
     if isinstance(node, dict):
         out: Json = {}
         for key, value in node.items():
+            if key == "additionalProperties" and value is False:
+                continue  # unknown keys: validation.yaml, with the loader's did-you-mean
             if key == "$ref" and isinstance(value, str) and value.startswith("#"):
                 out[key] = EMBEDDED_REF_PREFIX + value[1:]
             else:
@@ -103,8 +109,50 @@ def config_key_paths(config_schema: Json) -> dict[str, list[str]]:
     return dict(sorted(paths.items()))
 
 
+# Stands for a list index in the parent path while the loader's suggestion is computed; the
+# template puts the user's real indices back through PARENT_MARK.
+_INDEX_SENTINEL = 987654321
+PARENT_MARK = "{parent}"
+
+
+def key_hints(config_schema: Json) -> dict[str, dict[str, str]]:
+    """Per object path, lowercased key name -> where the loader says such a key belongs.
+
+    The suggestion comes from nvdp.config.validate.suggest_key itself (it reads the same
+    config-schema.json), so the chart and `nvdp config validate` cannot disagree. Where it runs
+    through the object's own path, that part is PARENT_MARK, for the template to show real indices.
+    """
+    from nvdp.config.issues import format_path
+    from nvdp.config.schema import key_paths
+    from nvdp.config.validate import suggest_key
+
+    names = sorted({path[-1].lower() for path in key_paths() if path[-1] != "[]"})
+    hints: dict[str, dict[str, str]] = {}
+    for object_path, keys in config_key_paths(config_schema).items():
+        parent: list[str | int] = []
+        for part in object_path.replace("[]", ".[]").split(".") if object_path else []:
+            parent.append(_INDEX_SENTINEL if part == "[]" else part)
+        shown_parent = format_path(parent)
+        here: dict[str, str] = {}
+        for name in names:
+            # A name that is a key here only in another case: ask as the user would have typed it.
+            asked = name.upper() if any(k.lower() == name for k in keys) else name
+            if asked in keys:
+                continue
+            text = suggest_key(tuple(parent), asked)
+            if not text.startswith("did you mean "):
+                continue
+            target = text.removeprefix("did you mean ").removesuffix("?")
+            if shown_parent and target.startswith(shown_parent) and str(_INDEX_SENTINEL) in shown_parent:
+                target = PARENT_MARK + target[len(shown_parent) :]
+            here[name] = target
+        hints[object_path] = here
+    return hints
+
+
 def keys_template(config_schema: Json) -> str:
     paths = json.dumps(config_key_paths(config_schema), sort_keys=True)
+    hints = json.dumps(key_hints(config_schema), sort_keys=True)
     return (
         "{{/*\n"
         "Generated from config-schema.json by `python -m tests.chart.chart_schema_sync`; do not edit.\n"
@@ -112,6 +160,13 @@ def keys_template(config_schema: Json) -> str:
         "*/}}\n"
         '{{- define "nvidia-device-plugin.configKeys" -}}\n'
         f"{paths}\n"
+        "{{- end -}}\n"
+        "{{/*\n"
+        "Per object: lowercased key name -> where such a key belongs (the loader's did-you-mean);\n"
+        f"{PARENT_MARK} stands for the object's own path with the user's list indices.\n"
+        "*/}}\n"
+        '{{- define "nvidia-device-plugin.configKeyHints" -}}\n'
+        f"{hints}\n"
         "{{- end -}}\n"
     )
 

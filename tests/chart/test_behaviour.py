@@ -133,6 +133,33 @@ def test_mps_without_host_pid_shares_the_process_namespace() -> None:
     assert spec["shareProcessNamespace"] is True
 
 
+def test_mps_shared_memory_follows_remounts_on_the_host() -> None:
+    """The daemon's init container mounts a new tmpfs at <mps.root>/shm on each start; the plugin
+    and the daemon must see that one, not the one (or the bare directory) they started with."""
+    rendered = render({"config": {"map": {"c": MPS_CONFIG}}})
+    daemon = rendered.one("DaemonSet", MPS)["spec"]["template"]["spec"]
+    mounts = {
+        "plugin": container(rendered.one("DaemonSet", PLUGIN), "nvidia-device-plugin-ctr")["volumeMounts"],
+        "daemon": container(rendered.one("DaemonSet", MPS), "mps-control-daemon-ctr")["volumeMounts"],
+        "init": daemon["initContainers"][0]["volumeMounts"],
+    }
+    propagation = {
+        (who, m["mountPath"]): m.get("mountPropagation")
+        for who, listed in mounts.items()
+        for m in listed
+        if m["name"] in ("mps-root", "mps-shm")
+    }
+    assert propagation == {
+        ("plugin", "/mps"): "HostToContainer",
+        ("plugin", "/dev/shm"): "HostToContainer",
+        ("daemon", "/mps"): "HostToContainer",
+        ("daemon", "/dev/shm"): "HostToContainer",
+        ("init", "/mps"): "Bidirectional",
+    }
+    # Bidirectional propagation needs a privileged container; HostToContainer does not.
+    assert daemon["initContainers"][0]["securityContext"] == {"privileged": True}
+
+
 @pytest.mark.parametrize(
     ("config", "key"),
     [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import chart_schema_sync
@@ -50,10 +51,6 @@ def test_schema_refuses_bad_values_naming_them(values: dict[str, Any], message: 
     [
         ({"version": "v2"}, "- at '/config/map/cfg/version': value must be one of 'v1', ''"),
         (
-            {"flags": {"renameByDefault": True}},
-            "- at '/config/map/cfg/flags': additional properties 'renameByDefault' not allowed",
-        ),
-        (
             {"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu"}]}}},
             "- at '/config/map/cfg/sharing/timeSlicing/resources/0': missing property 'replicas'",
         ),
@@ -71,6 +68,29 @@ def test_inline_object_entries_are_checked_against_the_config_schema(
     assert message in error
 
 
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            {"flags": {"renameByDefault": True}},
+            'config.map.cfg: unknown key "renameByDefault" under "flags". Did you mean '
+            "sharing.timeSlicing.renameByDefault? Known keys there: deviceDiscoveryStrategy,",
+        ),
+        (
+            {"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2, "Rename": "x"}]}}},
+            'config.map.cfg: unknown key "Rename" under "sharing.mps.resources[0]". Did you mean '
+            "sharing.mps.resources[0].rename?",
+        ),
+    ],
+)
+def test_unknown_keys_in_inline_object_entries_say_where_they_belong(
+    entry: dict[str, Any], message: str
+) -> None:
+    error = render_error({"config": {"map": {"cfg": entry}}})
+    assert not error.startswith(SCHEMA_ERROR)
+    assert message in error
+
+
 def test_non_string_non_object_entry_is_refused() -> None:
     assert "- at '/config/map/cfg': got number, want string" in render_error({"config": {"map": {"cfg": 3}}})
 
@@ -80,17 +100,35 @@ def test_non_string_non_object_entry_is_refused() -> None:
     [
         (
             "flags:\n  renameByDefault: true\n",
-            'config.map.cfg: unknown key "renameByDefault" under "flags". '
-            "Known keys there: deviceDiscoveryStrategy,",
+            'config.map.cfg: unknown key "renameByDefault" under "flags". Did you mean '
+            "sharing.timeSlicing.renameByDefault? Known keys there: deviceDiscoveryStrategy,",
         ),
         (
             "version: v1\nsharing:\n  timeslicing: {}\n",
-            'config.map.cfg: unknown key "timeslicing" under "sharing". Known keys there: mps, timeSlicing.',
+            'config.map.cfg: unknown key "timeslicing" under "sharing". Did you mean sharing.timeSlicing? '
+            "Known keys there: mps, timeSlicing.",
         ),
         (
             "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replica: 2\n",
-            'config.map.cfg: unknown key "replica" under "sharing.mps.resources[]". '
+            'config.map.cfg: unknown key "replica" under "sharing.mps.resources[0]". '
             "Known keys there: devices, name, rename, replicas.",
+        ),
+        (
+            "version: v1\nsharing:\n  mps:\n    resources:\n    - name: a\n      replicas: 2\n"
+            "    - name: b\n      Replicas: 2\n",
+            'config.map.cfg: unknown key "Replicas" under "sharing.mps.resources[1]". Did you mean '
+            "sharing.mps.resources[1].replicas? Known keys there: devices, name, rename, replicas.",
+        ),
+        (
+            "version: v1\nsharing:\n  mps:\n    resources:\n    - name: a\n      replicas: 2\n"
+            "      renameByDefault: true\n",
+            'config.map.cfg: unknown key "renameByDefault" under "sharing.mps.resources[0]". Did you mean '
+            "sharing.mps.renameByDefault? Known keys there:",
+        ),
+        (
+            "version: v1\nmigStrategy: mixed\n",
+            'config.map.cfg: unknown top-level key "migStrategy". Did you mean flags.migStrategy? '
+            "Known keys:",
         ),
         (
             "verison: v1\n",
@@ -148,6 +186,28 @@ def test_validation_failures_name_the_value_and_the_fix(
     assert message in render_error(values, namespace=namespace)
 
 
+@pytest.mark.parametrize(
+    ("text", "parent"),
+    [
+        ("flags:\n  renameByDefault: true\n", ("flags",)),
+        ("version: v1\nmigStrategy: mixed\n", ()),
+        ("sharing:\n  timeslicing: {}\n", ("sharing",)),
+        ("sharing:\n  mps:\n    resources:\n    - name: a\n      replicas: 2\n    - Replicas: 2\n", None),
+        ("resources:\n  gpus:\n  - pattern: '*'\n    name: gpu\n    replicas: 2\n", None),
+    ],
+)
+def test_install_time_suggestion_is_the_loaders(text: str, parent: tuple[str, ...] | None) -> None:
+    """The chart's did-you-mean is the one `nvdp config validate` gives for the same file."""
+    from nvdp.config.loader import ConfigError, load_config_text
+
+    with pytest.raises(ConfigError) as raised:
+        load_config_text(text, "cfg")
+    loader_hints = {m.group(1) for m in re.finditer(r"did you mean ([^?]+)\?", str(raised.value))}
+    error = render_error({"config": {"map": {"cfg": text}}})
+    chart_hints = set(re.findall(r"Did you mean ([^?]+)\?", error))
+    assert chart_hints and chart_hints <= loader_hints, (error, str(raised.value))
+
+
 def test_embedded_config_schema_matches_config_schema_json() -> None:
     stale = chart_schema_sync.stale_files(write=False)
     assert not stale, (
@@ -156,7 +216,7 @@ def test_embedded_config_schema_matches_config_schema_json() -> None:
     )
 
 
-def test_embedded_schema_is_rerooted_not_altered() -> None:
+def test_embedded_schema_is_rerooted_and_leaves_unknown_keys_to_the_template() -> None:
     config_schema = json.loads(chart_schema_sync.CONFIG_SCHEMA.read_text(encoding="utf-8"))
     embedded = json.loads((CHART_DIR / "values.schema.json").read_text(encoding="utf-8"))["$defs"][
         "nvdpConfig"
@@ -165,6 +225,8 @@ def test_embedded_schema_is_rerooted_not_altered() -> None:
     assert embedded["properties"].keys() == config_schema["properties"].keys()
     refs = json.dumps(embedded).count('"$ref": "#/$defs/nvdpConfig/$defs/')
     assert refs == json.dumps(config_schema).count('"$ref": "#/$defs/')
+    assert '"additionalProperties": false' not in json.dumps(embedded)
+    assert json.dumps(config_schema).count('"additionalProperties": false') >= 10
 
 
 def test_key_paths_follow_refs_and_list_items() -> None:

@@ -89,9 +89,11 @@ class MpsNode:
             "PYTHONUNBUFFERED": "1",
         }
 
+    def daemon_argv(self) -> list[str]:
+        return [sys.executable, "-m", "nvdp.mps.main", "--config-file", str(self.config)]
+
     def start_daemon(self) -> Proc:
-        argv = [sys.executable, "-m", "nvdp.mps.main", "--config-file", str(self.config)]
-        return self._start("daemon", argv)
+        return self._start("daemon", self.daemon_argv())
 
     def start_plugin(self) -> Proc:
         argv = [
@@ -105,8 +107,8 @@ class MpsNode:
         ]
         return self._start("plugin", argv)
 
-    def _start(self, name: str, argv: list[str]) -> Proc:
-        proc = Proc(name, argv, self.env, self.root / f"{name}-{len(self.procs)}.log")
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(name, argv, {**self.env, **(env or {})}, self.root / f"{name}-{len(self.procs)}.log")
         self.procs.append(proc)
         return proc
 

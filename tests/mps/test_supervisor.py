@@ -12,6 +12,7 @@ import pytest
 
 from nvdp.mps.daemons import plan_mps
 from nvdp.mps.paths import ResourcePaths
+from nvdp.mps.status import DaemonStatus, read_status
 from nvdp.mps.supervisor import Backoff, ResourceDaemon
 from sim.mps import read_record, recorded_commands
 
@@ -20,6 +21,7 @@ from .nodes import gpu, inventory, mps_config
 from .waiting import wait_for
 
 UUID = "GPU-00000000-0000-0000-0000-000000000000"
+NO_STATUS = DaemonStatus(state="stopped", error=None, updated=0.0)
 
 
 def test_backoff_doubles_up_to_thirty_seconds() -> None:
@@ -145,6 +147,27 @@ def test_start_failure_is_retried_with_growing_pauses(
     )
     assert [e.rsplit(" ", 1)[-1] for e in errors[:4]] == ["0.01s", "0.02s", "0.04s", "0.04s"]
     assert not d.paths.ready_marker.exists()
+    # The plugin reads why: the status stays "failing" with the last error between attempts.
+    status = read_status(d.paths.status_file)
+    assert status is not None and status.state == "stopped"
+    assert isinstance(d.modes, FakeModes) and d.modes.calls[-1] == ("DEFAULT", [UUID])
+
+
+def test_status_follows_the_daemon(daemon: ResourceDaemon) -> None:
+    good_path = daemon.env["PATH"]
+    daemon.env["PATH"] = "/nonexistent"
+    daemon.start()
+    assert wait_for(lambda: (read_status(daemon.paths.status_file) or NO_STATUS).state == "failing")
+    failing = read_status(daemon.paths.status_file)
+    assert failing is not None and failing.error is not None
+    assert failing.error.startswith("MPS control daemon did not start: nvidia-cuda-mps-control is not on")
+    assert failing.is_current()
+    daemon.env["PATH"] = good_path
+    assert wait_for(lambda: (read_status(daemon.paths.status_file) or NO_STATUS).state == "ready")
+    assert daemon.paths.ready_marker.exists()
+    daemon.stop()
+    stopped = read_status(daemon.paths.status_file)
+    assert stopped is not None and stopped.state == "stopped" and not stopped.is_current()
 
 
 def test_socket_path_too_long_is_explained(record: Path) -> None:

@@ -59,9 +59,20 @@ class Daemons:
             daemon.start()
             self.running.append(daemon)
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Stop every daemon, each whatever the others did; False if a compute mode stayed changed."""
+        restored = True
         while self.running:
-            self.running.pop().stop()
+            daemon = self.running.pop()
+            try:
+                restored = daemon.stop() and restored
+            except Exception:
+                self.log.exception("%s: unexpected error while stopping", daemon.name)
+                restored = False
         if self.modes is not None:
-            self.modes.close()
+            try:
+                self.modes.close()
+            except Exception:
+                self.log.exception("unexpected error closing NVML")
             self.modes = None
+        return restored

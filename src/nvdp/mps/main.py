@@ -1,8 +1,10 @@
 """`mps-control-daemon`: runs one NVIDIA MPS control daemon per resource the config shares with MPS.
 
 It reads the same config as the plugin and plans the same resources, so the daemon and the plugin
-agree on names, GPUs and replicas. SIGTERM stops every daemon (compute modes back to DEFAULT, readiness
-markers removed) and exits 0; SIGHUP reloads the config and starts over.
+agree on names, GPUs and replicas. An MPS root that cannot hold the daemons' state stops start-up
+(exit 1, with the fix) before any compute mode changes. SIGTERM stops every daemon (compute modes
+back to DEFAULT, readiness markers removed) and exits 0, or 1 if a compute mode could not be
+restored; SIGHUP reloads the config and starts over.
 
 With CONFIG_DIR it follows the same per-node choice as the plugin (node label, DEFAULT_CONFIG,
 FALLBACK_STRATEGIES; nvdp.nodeconfig): a node switched to an MPS entry gets its daemons started, one
@@ -31,7 +33,7 @@ from nvdp.mps import shm
 from nvdp.mps.commands import MpsConfigError, MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeModes
 from nvdp.mps.daemons import Daemons, plan_mps
-from nvdp.mps.paths import container_root, shm_dir
+from nvdp.mps.paths import ResourcePaths, container_root, shm_dir, unusable_root, unusable_root_message
 from nvdp.mps.supervisor import DEFAULT_PROBE_INTERVAL_S
 from nvdp.nodeconfig import Chosen, NodeConfig, add_node_config_arguments, settings_from
 
@@ -188,6 +190,15 @@ def start_node_config(args: argparse.Namespace, signals: Signals) -> NodeConfig 
     return node_config
 
 
+def root_problem(root: Path, settings: Sequence[MpsSettings]) -> str | None:
+    """Why no daemon could work under `root`, checked before any GPU's compute mode is touched."""
+    for item in settings:
+        problem = unusable_root(root, ResourcePaths(root, item.resource_name).base)
+        if problem is not None:
+            return unusable_root_message(root, problem)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     signals = Signals()
     signals.install()
@@ -235,6 +246,11 @@ def run(args: argparse.Namespace) -> int:
                     return 1
                 log.error("config not reloaded, the running daemons stay as they are: %s", err)
             else:
+                unusable = root_problem(root, settings)
+                if unusable is not None and current is None:
+                    # Exit so the pod shows the failure (CrashLoopBackOff) instead of looking Running.
+                    log.error("cannot start: %s", unusable)
+                    return 1
                 if current is not None:
                     log.info("reloading: stopping the running MPS daemons")
                     current.stop()
@@ -258,6 +274,13 @@ def run(args: argparse.Namespace) -> int:
             signals.node_config_changed = False
             if signals.stop:
                 log.info("stopping")
+                restored = current.stop() if current is not None else True
+                current = None
+                if not restored:
+                    log.error(
+                        "stopped, but a GPU's compute mode could not be restored to DEFAULT (see above)"
+                    )
+                    return 1
                 return 0
             signals.reload = False
     finally:

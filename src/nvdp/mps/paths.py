@@ -7,6 +7,7 @@ Both containers mount the host's MPS root (`flags.mpsRoot`, chart value `mps.roo
     <root>/<resource>/pipe/         CUDA_MPS_PIPE_DIRECTORY: the daemon's `control` socket and pid file
     <root>/<resource>/log/          CUDA_MPS_LOG_DIRECTORY: control.log, server.log
     <root>/<resource>/.ready        present only while that resource's daemon answers commands
+    <root>/<resource>/status.json   the daemon's state and last error, for the plugin's messages
 
 `<resource>` is the full resource name, so `nvidia.com/gpu` gives `/mps/nvidia.com/gpu/pipe`, the same
 paths NVIDIA's plugin uses (workload containers get the pipe directory at that path too).
@@ -15,13 +16,17 @@ paths NVIDIA's plugin uses (workload containers get the pipe directory at that p
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_CONTAINER_ROOT = "/mps"
 CONTAINER_ROOT_ENV = "MPS_CONTAINER_ROOT"
+# flags.mpsRoot as the chart passes it: the path on the node, for messages.
+HOST_ROOT_ENV = "MPS_ROOT"
 READY_MARKER = ".ready"
+STATUS_FILE = "status.json"
 # Written by nvidia-cuda-mps-control -d into the pipe directory.
 PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL_LOG = "control.log"
@@ -34,6 +39,20 @@ def container_root(env: Mapping[str, str] | None = None) -> Path:
     """The MPS root as this container sees it."""
     source = os.environ if env is None else env
     return Path(source.get(CONTAINER_ROOT_ENV) or DEFAULT_CONTAINER_ROOT)
+
+
+def describe_root(root: Path, host_root: str | None = None) -> str:
+    """`/mps (host path /run/nvidia/mps)`: the container's view and the node's, when they differ."""
+    host = os.environ.get(HOST_ROOT_ENV, "") if host_root is None else host_root
+    return f"{root} (host path {host})" if host and host != str(root) else str(root)
+
+
+def unusable_root_message(root: Path, problem: str, host_root: str | None = None) -> str:
+    return (
+        f"the MPS root {describe_root(root, host_root)} is unusable: {problem}; fix: make it a writable "
+        "directory on the node (move away the file in the way, or remount it read-write), or set "
+        "flags.mpsRoot (chart value mps.root) to another directory"
+    )
 
 
 def shm_dir(root: Path) -> Path:
@@ -67,6 +86,10 @@ class ResourcePaths:
         return self.base / READY_MARKER
 
     @property
+    def status_file(self) -> Path:
+        return self.base / STATUS_FILE
+
+    @property
     def pid_file(self) -> Path:
         return self.pipe_dir / PID_FILE
 
@@ -87,3 +110,34 @@ class ResourcePaths:
     @property
     def control_log(self) -> Path:
         return self.log_dir / CONTROL_LOG
+
+
+def unusable_root(root: Path, base: Path | None = None) -> str | None:
+    """Why MPS state cannot live under `root` (and `base` below it), or None.
+
+    A missing directory is no problem (the daemon creates it); a regular file in the way, or a
+    read-only filesystem, is: nothing can make the daemon's directories or remove a stale marker.
+    """
+    chain = [*reversed(root.parents), root]
+    if base is not None and base.is_relative_to(root):
+        for part in base.relative_to(root).parts:
+            chain.append(chain[-1] / part)
+    deepest: Path | None = None
+    for path in chain:
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
+            break
+        except OSError as err:
+            return f"{path} cannot be used: {err.strerror or err}"
+        if not stat.S_ISDIR(mode):
+            return f"{path} is a file, not a directory"
+        deepest = path
+    if deepest is not None and deepest != Path(deepest.anchor) and deepest.is_relative_to(root):
+        try:
+            read_only = bool(os.statvfs(deepest).f_flag & os.ST_RDONLY)
+        except OSError as err:
+            return f"{deepest} cannot be used: {err.strerror or err}"
+        if read_only:
+            return f"{deepest} is on a read-only filesystem"
+    return None

@@ -3,6 +3,10 @@
 Start: EXCLUSIVE_PROCESS compute mode on the resource's GPUs, pipe and log directories, the daemon,
 its commands, then the readiness marker once it answers. While running, it is probed; a daemon that
 exits or stops answering loses its marker and is started again after a growing pause.
+
+The supervising thread never ends on an error: every failed attempt is logged with its cause and
+fix and published in the resource's status file (`nvdp.mps.status`) for the plugin, then retried.
+`stop()` restores the compute mode whatever else fails.
 """
 
 from __future__ import annotations
@@ -13,15 +17,16 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nvdp import recording
 from nvdp.mps import control
 from nvdp.mps.commands import MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes
-from nvdp.mps.logtail import LogTail
-from nvdp.mps.paths import ResourcePaths
+from nvdp.mps.logtail import LogTail, max_bytes_from_env
+from nvdp.mps.paths import ResourcePaths, unusable_root, unusable_root_message
+from nvdp.mps.status import REFRESH_S, State, write_status
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -77,9 +82,17 @@ class ResourceDaemon:
         self.probe_interval_s = probe_interval_s
         self.backoff = backoff or Backoff()
         self.pid: int | None = None
+        self.last_error: str | None = None
+        self._status_problem: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._tail = LogTail(paths.control_log, settings.resource_name, log, skip=control.PROBE_COMMAND)
+        self._tail = LogTail(
+            paths.control_log,
+            settings.resource_name,
+            log,
+            skip=control.PROBE_COMMAND,
+            max_bytes=max_bytes_from_env(),
+        )
         self.env = control.control_env(paths.pipe_dir, paths.log_dir, settings.visible_devices)
 
     @property
@@ -94,56 +107,136 @@ class ResourceDaemon:
         self._thread = threading.Thread(target=self._supervise, name=f"mps {self.name}", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Quit the daemon, restore compute modes, remove the marker. Safe to call more than once."""
+    def stop(self) -> bool:
+        """Quit the daemon, restore compute modes, remove the marker. Safe to call more than once.
+
+        Each step runs whatever the others did; False when the compute mode could not be restored,
+        the one failure that leaves the node worse than before.
+        """
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self._remove_marker()
-        self._quit()
+        restored = True
         try:
-            self.modes.restore(self.uuids)
-            self.log.info("%s: compute mode of %s restored to DEFAULT", self.name, ", ".join(self.uuids))
-        except ComputeModeError as err:
-            self.log.error("%s: %s", self.name, err)
-        self._tail.stop()
+            self._remove_marker()
+            self._guarded("stopping the MPS control daemon", self._quit)
+        finally:
+            try:
+                self.modes.restore(self.uuids)
+                self.log.info("%s: compute mode of %s restored to DEFAULT", self.name, ", ".join(self.uuids))
+            except ComputeModeError as err:
+                self.log.error("%s: %s", self.name, err)
+                restored = False
+            except Exception:
+                self.log.exception("%s: unexpected error restoring the compute mode", self.name)
+                restored = False
+            self._publish("stopped", None)
+            self._tail.stop()
+        return restored
+
+    def _guarded(self, what: str, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except (control.MpsCommandError, OSError) as err:
+            self.log.warning("%s: %s failed: %s", self.name, what, err)
+        except Exception:
+            self.log.exception("%s: unexpected error %s", self.name, what)
 
     def _supervise(self) -> None:
         while not self._stop.is_set():
             try:
-                self._launch()
-            except (control.MpsCommandError, ComputeModeError, OSError) as err:
-                recording.mps_daemon_start(self.name, False)
-                recording.mps_daemon_ready(self.name, False)
-                recording.mps_daemon_restart(self.name)
-                delay = self.backoff.next()
-                self.log.error(
-                    "%s: MPS control daemon did not start: %s; retrying in %gs", self.name, err, delay
-                )
-                self._remove_marker()
-                self._kill()
-                self._stop.wait(delay)
-                continue
-            recording.mps_daemon_start(self.name, True)
-            recording.mps_daemon_ready(self.name, True)
-            problem = self._watch()
-            if problem is None:
+                failure = self._attempt()
+            except Exception as err:  # a bug must not end supervision silently
+                self.log.exception("%s: unexpected error supervising the MPS control daemon", self.name)
+                self._guarded("cleaning up", self._clean_up)
+                failure = (f"unexpected error: {type(err).__name__}: {err}", False)
+            if failure is None:
                 return
+            problem, was_running = failure
+            self._publish("failing", problem)
+            if not was_running:
+                recording.mps_daemon_start(self.name, False)
             recording.mps_daemon_ready(self.name, False)
             recording.mps_daemon_restart(self.name)
-            self._remove_marker()
-            self._kill()
             delay = self.backoff.next()
-            self.log.warning("%s: %s; restarting it in %gs", self.name, problem, delay)
-            self._stop.wait(delay)
+            if was_running:
+                self.log.warning("%s: %s; restarting it in %gs", self.name, problem, delay)
+            else:
+                self.log.error("%s: %s; retrying in %gs", self.name, problem, delay)
+            self._pause(delay)
+
+    def _attempt(self) -> tuple[str, bool] | None:
+        """One launch and watch: None once stopped, else what failed and whether the daemon had
+        been ready (it is cleaned up either way)."""
+        try:
+            self._launch()
+        except (control.MpsCommandError, ComputeModeError, OSError) as err:
+            self._clean_up()
+            return f"MPS control daemon did not start: {self._explain(err)}", False
+        problem = self._watch()
+        if problem is None:
+            return None
+        self._clean_up()
+        return problem, True
+
+    def _explain(self, err: BaseException) -> str:
+        if isinstance(err, OSError):
+            blocked = unusable_root(self.paths.root, self.paths.base)
+            if blocked is not None:
+                return unusable_root_message(self.paths.root, blocked)
+        return str(err)
+
+    def _clean_up(self) -> None:
+        self._remove_marker()
+        self._guarded("ending the failed MPS control daemon", self._kill)
+
+    def _pause(self, delay: float) -> None:
+        """Wait `delay` (or until stopped), keeping the published status fresh."""
+        deadline = time.monotonic() + delay
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._stop.wait(min(left, REFRESH_S)):
+                return
+            if self.last_error is not None and time.monotonic() < deadline:
+                self._publish("failing", self.last_error)
+
+    def _publish(self, state: State, error: str | None) -> None:
+        """Write the status file; a failure is logged once per distinct cause, never raised."""
+        if state == "failing":
+            self.last_error = error
+        elif state == "ready":
+            self.last_error = None
+        try:
+            self.paths.base.mkdir(parents=True, exist_ok=True)
+            write_status(self.paths.status_file, state, error)
+        except OSError as err:
+            problem = str(err)
+            if problem != self._status_problem:
+                self.log.warning(
+                    "%s: cannot publish the daemon status at %s for the plugin: %s",
+                    self.name,
+                    self.paths.status_file,
+                    self._explain(err),
+                )
+            self._status_problem = problem
+            return
+        self._status_problem = None
 
     def _launch(self) -> None:
         too_long = self.paths.socket_path_problem()
         if too_long is not None:
             raise control.MpsCommandError(too_long)
+        if self.last_error is None:
+            # While retrying after a failure the status stays "failing", with that error.
+            self._publish("starting", None)
         self.modes.set_exclusive(self.uuids)
-        self._remove_marker()
+        if not self._remove_marker():
+            raise control.MpsCommandError(
+                f"the ready marker {self.paths.ready_marker} of an earlier daemon cannot be removed"
+            )
         for directory in (self.paths.pipe_dir, self.paths.log_dir):
             directory.mkdir(parents=True, exist_ok=True)
         self._tail.start()
@@ -160,12 +253,18 @@ class ResourceDaemon:
             self.log.warning("%s: the MPS control daemon answered its settings with: %s", self.name, output)
         self._probe()
         self.paths.ready_marker.write_text(f"{self.pid or ''}\n")
+        self._publish("ready", None)
+        recording.mps_daemon_start(self.name, True)
+        recording.mps_daemon_ready(self.name, True)
         self.log.info("%s: ready (%s)", self.name, self.paths.ready_marker)
 
     def _watch(self) -> str | None:
         """Probe until stopped (None) or the daemon fails (what went wrong)."""
-        ready_at = time.monotonic()
+        ready_at = published_at = time.monotonic()
         while not self._stop.wait(self.probe_interval_s):
+            if time.monotonic() - published_at >= REFRESH_S:
+                self._publish("ready", None)
+                published_at = time.monotonic()
             if self.pid is not None and not process_alive(self.pid):
                 return f"MPS control daemon (pid {self.pid}) exited"
             try:
@@ -201,8 +300,21 @@ class ResourceDaemon:
         except (OSError, ValueError):
             return None
 
-    def _remove_marker(self) -> None:
-        self.paths.ready_marker.unlink(missing_ok=True)
+    def _remove_marker(self) -> bool:
+        """Remove the ready marker; False (logged) when a marker stays behind."""
+        try:
+            self.paths.ready_marker.unlink(missing_ok=True)
+        except NotADirectoryError:
+            return True  # a file in the way of the resource directory: there is no marker
+        except OSError as err:
+            self.log.error(
+                "%s: cannot remove the ready marker %s: %s",
+                self.name,
+                self.paths.ready_marker,
+                self._explain(err),
+            )
+            return False
+        return True
 
     def _quit(self) -> None:
         alive = self.pid is not None and process_alive(self.pid)

@@ -4,7 +4,9 @@ NVIDIA's plugin checks the daemon once and restarts everything on failure, which
 crash loop with `error waiting for MPS daemon` and no hint that the daemon's DaemonSet only runs on
 nodes labelled nvidia.com/mps.capable=true. This gate waits instead, says what is missing and how to
 fix it (every 30 s, per resource), and keeps probing after start-up so the manager can report the
-resource's devices Unhealthy while the daemon is away.
+resource's devices Unhealthy while the daemon is away. "What is missing" is one of three: no daemon
+on this node (the label fix), a daemon that runs but fails (its last error, from the status file it
+publishes), or an MPS root no daemon can use (the path and the fix).
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from nvdp import recording
 from nvdp.mps import control
-from nvdp.mps.paths import ResourcePaths, container_root
+from nvdp.mps.paths import HOST_ROOT_ENV, ResourcePaths, container_root, unusable_root, unusable_root_message
+from nvdp.mps.status import DaemonStatus, read_status
 
 MPS_CAPABLE_LABEL = "nvidia.com/mps.capable=true"
 WAIT_LOG_INTERVAL_ENV = "MPS_WAIT_LOG_INTERVAL"
@@ -49,8 +53,10 @@ class MpsGate:
         interval_s: float = DEFAULT_WAIT_LOG_INTERVAL_S,
         probe: Probe = control.probe,
         probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+        host_root: str = "",
     ) -> None:
         self.resource_name = resource_name
+        self.host_root = host_root
         self.paths = ResourcePaths(root, resource_name)
         self.node_name = node_name or "<node name>"
         self.log = log
@@ -75,25 +81,45 @@ class MpsGate:
             log,
             interval_s=_seconds(source, WAIT_LOG_INTERVAL_ENV, DEFAULT_WAIT_LOG_INTERVAL_S),
             probe_interval_s=_seconds(source, PROBE_INTERVAL_ENV, DEFAULT_PROBE_INTERVAL_S),
+            host_root=source.get(HOST_ROOT_ENV, ""),
         )
 
     def problem(self) -> str | None:
         """None when the daemon is ready, else what is missing and the fix, for the log."""
-        if not self.paths.ready_marker.exists():
-            return (
-                f"{self.resource_name}: waiting for the MPS control daemon: {self.paths.ready_marker} "
-                f"does not exist, so the MPS daemon pod is not running on node {self.node_name}. The chart "
-                f"runs it only on nodes labelled {MPS_CAPABLE_LABEL}; fix: "
-                f"kubectl label node {self.node_name} {MPS_CAPABLE_LABEL}"
-            )
-        try:
-            self.probe(self.paths.pipe_dir)
-        except control.MpsCommandError as err:
-            return (
-                f"{self.resource_name}: waiting for the MPS control daemon: it does not answer at "
-                f"{self.paths.pipe_dir} ({err}); see the log of the MPS daemon pod on node {self.node_name}"
-            )
-        return None
+        not_answering: str | None = None
+        if self.paths.ready_marker.exists():
+            try:
+                self.probe(self.paths.pipe_dir)
+            except control.MpsCommandError as err:
+                not_answering = str(err)
+            else:
+                return None
+        return f"{self.resource_name}: waiting for the MPS control daemon: {self._diagnose(not_answering)}"
+
+    def _diagnose(self, not_answering: str | None) -> str:
+        blocked = unusable_root(self.paths.root, self.paths.base)
+        if blocked is not None:
+            return unusable_root_message(self.paths.root, blocked, self.host_root)
+        status = read_status(self.paths.status_file)
+        see_log = f"see the log of the MPS daemon pod on node {self.node_name}"
+        if status is not None and status.is_current():
+            if status.state == "failing":
+                return (
+                    f"the MPS daemon pod on node {self.node_name} is running but failing; its last error: "
+                    f"{status.error}; {see_log}"
+                )
+            if status.state == "starting" or not_answering is None:
+                last = f" (its last error: {status.error})" if status.error else ""
+                return f"the MPS daemon pod on node {self.node_name} is starting the daemon{last}"
+        if not_answering is not None:
+            gone = "" if status is None or status.is_current() else f"; {_last_seen(status)}"
+            return f"it does not answer at {self.paths.pipe_dir} ({not_answering}){gone}; {see_log}"
+        gone = "" if status is None else f" and {_last_seen(status)}"
+        return (
+            f"{self.paths.ready_marker} does not exist{gone}, so the MPS daemon pod is not running on node "
+            f"{self.node_name}. The chart runs it only on nodes labelled {MPS_CAPABLE_LABEL}; fix: "
+            f"kubectl label node {self.node_name} {MPS_CAPABLE_LABEL}"
+        )
 
     def is_ready(self) -> bool:
         return self.problem() is None
@@ -154,3 +180,9 @@ class MpsGate:
         if self._watcher is not None:
             self._watcher.join()
             self._watcher = None
+
+
+def _last_seen(status: DaemonStatus) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(status.updated))
+    verb = "stopped" if status.state == "stopped" else "last reported"
+    return f"the MPS daemon {verb} at {when}"
