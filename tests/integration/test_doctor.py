@@ -278,3 +278,33 @@ def test_mps_check_reads_the_node_label_from_the_api(
         f"node {node_name} has nvidia.com/mps.capable=true but the MPS daemon is not"
     )
     assert "get pods -o wide" in mps["fix"]
+
+
+def test_mps_daemon_pod_running_but_failing_shows_its_error(
+    t4: NodeSim, tmp_path: Path, plugin_dir: Path
+) -> None:
+    from nvdp.mps.paths import ResourcePaths
+    from nvdp.mps.status import write_status
+
+    config = tmp_path / "mps.yaml"
+    config.write_text(
+        "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n"
+    )
+    paths = ResourcePaths(tmp_path / "mps", "nvidia.com/gpu")
+    paths.base.mkdir(parents=True)
+    write_status(paths.status_file, "failing", "nvidia-cuda-mps-control exited with status 1: no GPU")
+    env = node_env(
+        t4,
+        tmp_path,
+        plugin_dir,
+        CONFIG_FILE=str(config),
+        NODE_NAME="gpu-node-1",
+        MPS_CONTAINER_ROOT=str(tmp_path / "mps"),
+    )
+    mps = by_check(doctor(env, "--context=host")[1])["mps"]
+    assert mps["status"] == "FAIL"
+    assert (
+        "running but failing; its last error: nvidia-cuda-mps-control exited with status 1: no GPU"
+        in mps["detail"]
+    )
+    assert "label" not in mps["fix"]

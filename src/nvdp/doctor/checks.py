@@ -373,6 +373,7 @@ class Doctor:
 
     def _mps_resource(self, name: str) -> Finding:
         from nvdp.mps.paths import container_root, shm_dir
+        from nvdp.mps.status import read_status
         from nvdp.plugin.mps_gate import MPS_CAPABLE_LABEL, MpsGate
 
         title = f"the MPS control daemon answers for {name}"
@@ -383,7 +384,9 @@ class Doctor:
             return passed("mps", title, f"it answers at {gate.paths.pipe_dir}")
         node = self.where.node_name or "<node>"
         causes, fixes = [], []
-        if problem is not None and not gate.paths.ready_marker.exists():
+        status = read_status(gate.paths.status_file)
+        daemon_reports = status is not None and status.is_current()  # its pod runs, but the daemon fails
+        if problem is not None and not daemon_reports and not gate.paths.ready_marker.exists():
             key, _, value = MPS_CAPABLE_LABEL.partition("=")
             labels = self.where.node_labels()
             if labels is None:
