@@ -308,3 +308,33 @@ def test_mps_daemon_pod_running_but_failing_shows_its_error(
         in mps["detail"]
     )
     assert "label" not in mps["fix"]
+
+
+def test_per_node_config_reports_the_entry_the_node_label_chooses(
+    t4: NodeSim, tmp_path: Path, plugin_dir: Path, kube_api: ControlPlane
+) -> None:
+    entries = tmp_path / "entries"
+    entries.mkdir()
+    (entries / "plain").write_text("version: v1\n")
+    (entries / "broken").write_text("version: v1\nflags:\n  migStrategy: sometimes\n")
+    node_name = f"gpu-{uuid.uuid4().hex[:8]}"
+    kube_api.create_node(node_name, {"nvidia.com/device-plugin.config": "plain"})
+    env = node_env(
+        t4,
+        tmp_path,
+        plugin_dir,
+        CONFIG_DIR=str(entries),
+        DEFAULT_CONFIG="broken",
+        NODE_NAME=node_name,
+        KUBECONFIG=str(kube_api.admin_kubeconfig),
+    )
+    config = by_check(doctor(env, "--context=host")[1])["config"]
+    assert config["status"] == "PASS"
+    assert config["detail"].startswith(f"from {entries / 'plain'} (entry 'plain' (from label))")
+    kube_api.kubectl("label", "node", node_name, "nvidia.com/device-plugin.config-")
+    config = by_check(doctor(env, "--context=host")[1])["config"]
+    assert config["status"] == "FAIL" and "flags.migStrategy" in config["detail"]
+    kube_api.kubectl("label", "node", node_name, "nvidia.com/device-plugin.config=missing")
+    config = by_check(doctor(env, "--context=host")[1])["config"]
+    assert config["status"] == "FAIL"
+    assert "names config 'missing', which does not exist (entries: broken, plain)" in config["detail"]

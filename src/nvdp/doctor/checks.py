@@ -87,8 +87,11 @@ def _read(path: Path) -> str | None:
 
 
 class Doctor:
-    def __init__(self, where: Where, config: Config | None, config_error: str | None) -> None:
+    def __init__(
+        self, where: Where, config: Config | None, config_error: str | None, entry: str = ""
+    ) -> None:
         self.where = where
+        self.entry = entry  # per-node config: which entry and why
         self.config = config or Config()
         self.config_valid = config is not None
         self.config_error = config_error
@@ -360,7 +363,8 @@ class Doctor:
                 "correct the config (each problem above names its line, key and the valid values); "
                 "check it before rolling it out with `nvdp config validate FILE`",
             )
-        return passed("config", title, f"from {self.config.source}: {summary(self.config)}")
+        chosen = f" ({self.entry})" if self.entry else ""
+        return passed("config", title, f"from {self.config.source}{chosen}: {summary(self.config)}")
 
     def mps(self) -> list[Finding]:
         title = "the MPS control daemon answers"

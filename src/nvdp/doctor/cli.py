@@ -49,20 +49,59 @@ def node_labels(node: str) -> Mapping[str, str] | None:
         return None
 
 
+def choose_entry(
+    args: argparse.Namespace, env: Mapping[str, str], node: str
+) -> tuple[str | None, str] | None:
+    """Per-node config (CONFIG_DIR): the entry this node gets, as the plugin chooses it; None otherwise.
+
+    Raises SelectionError when no entry can be chosen.
+    """
+    from nvdp.config.entries import entry_path, list_entries
+    from nvdp.config.select import SelectionError, select_for_labels
+    from nvdp.nodeconfig import settings_from
+
+    settings = settings_from(args, env)
+    if settings is None:
+        return None
+    try:
+        entries = list_entries(settings.config_dir)
+    except OSError as err:
+        raise SelectionError(
+            f"cannot read the entries in {settings.config_dir}: {err.strerror or err}"
+        ) from None
+    labels = node_labels(settings.node_name or node)
+    selection = select_for_labels(entries, labels, settings.default, settings.fallbacks, settings.label_name)
+    path = str(entry_path(settings.config_dir, selection.entry)) if selection.entry is not None else None
+    unread = (
+        ""
+        if labels is not None
+        else f"; the node label {settings.label_name} could not be read (no API access)"
+    )
+    return path, f"{selection.describe()}{unread}"
+
+
 def doctor_command(args: argparse.Namespace) -> int:
     from nvdp.config.flags import overrides_from_args
     from nvdp.config.issues import ConfigError
     from nvdp.config.loader import load_config
+    from nvdp.config.select import SelectionError
     from nvdp.doctor.checks import Doctor, Where, detect_context
     from nvdp.doctor.report import as_json, as_text, healthy
 
-    env = os.environ
+    env: Mapping[str, str] = os.environ
+    node = env.get("NODE_NAME", "")
+    path, chosen = args.config_file, ""
     try:
-        config, error = load_config(args.config_file, env, overrides_from_args(args)), None
+        per_node = choose_entry(args, env, node)
+        if per_node is not None:
+            path, chosen = per_node
+            env = {k: v for k, v in env.items() if k != "CONFIG_FILE"}  # as the plugin does in this mode
+        config, error = load_config(path, env, overrides_from_args(args)), None
     except ConfigError as err:
         config, error = None, str(err)
+    except SelectionError as err:
+        config, error = None, f"no config entry can be chosen for this node: {err}"
     context = detect_context(env) if args.context == "auto" else args.context
-    node = env.get("NODE_NAME", "")
     where = Where(
         env=env,
         context=context,
@@ -70,6 +109,6 @@ def doctor_command(args: argparse.Namespace) -> int:
         node_name=node,
         node_labels=lambda: node_labels(node),
     )
-    findings = Doctor(where, config, error).run()
+    findings = Doctor(where, config, error, chosen).run()
     sys.stdout.write(as_json(findings) if args.json else as_text(findings))
     return 0 if healthy(findings) else EXIT_FAILED
