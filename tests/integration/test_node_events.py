@@ -138,5 +138,5 @@ def test_without_api_access_events_are_off_and_the_plugin_serves(
     plugin, _node = make_plugin("t4", NODE_NAME="gpu-node-1", KUBECONFIG=str(tmp_path / "none"))
     plugin.start()
     kubelet.wait_for_resource("nvidia.com/gpu", count=1, healthy=1, timeout=10)
-    assert "Node events off (no API access): no Kubernetes API configuration" in plugin.log
+    assert "Node events off (no API access): no service account token" in plugin.log
     assert plugin.stop() == 0
