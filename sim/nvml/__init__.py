@@ -132,6 +132,16 @@ def read_compute_mode(state_dir: Path, uuid: str, default: str = "DEFAULT") -> s
         return default
 
 
+def write_sysfs(inventory: Inventory, root: Path) -> Path:
+    """The part of /sys the plugin reads: each GPU's PCI device with its numa_node (-1: none)."""
+    for gpu in inventory.gpus:
+        domain, _, rest = gpu.pci_bus_id.partition(":")
+        device = root / "bus/pci/devices" / f"{domain[-4:]}:{rest}".lower()
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "numa_node").write_text(f"{-1 if gpu.numa_node is None else gpu.numa_node}\n")
+    return root
+
+
 class NodeSim:
     """A simulated node: a profile plus a state directory, and the environment that points NVML at them."""
 
@@ -142,6 +152,7 @@ class NodeSim:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.library = build_library()
         self.profile_json = profile_as_json(self.profile, self.state_dir / "profile.json")
+        self.sysfs = write_sysfs(self.inventory, self.state_dir / "sys")
 
     def __enter__(self) -> NodeSim:
         return self
@@ -160,6 +171,7 @@ class NodeSim:
             "NVML_SIM_PROFILE": str(self.profile_json),
             "NVML_SIM_STATE_DIR": str(self.state_dir),
             "NVML_SIM_PYTHON": sys.executable,
+            "NVDP_SYSFS_ROOT": str(self.sysfs),
         }
 
     def _known(self, uuid: str) -> None:

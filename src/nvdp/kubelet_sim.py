@@ -273,7 +273,11 @@ class KubeletSim:
         return None
 
     def _connect(self, name: str, endpoint: str) -> None:
-        channel = grpc.insecure_channel(f"unix://{self.dir / endpoint}")
+        # A connection of its own, as the kubelet makes one per registration: a shared subchannel could
+        # still lead to the previous plugin listening at the same path.
+        channel = grpc.insecure_channel(
+            f"unix://{self.dir / endpoint}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         plugin = _Plugin(
             resource=name, endpoint=endpoint, channel=channel, stub=pb_grpc.DevicePluginStub(channel)
         )

@@ -64,7 +64,8 @@ def test_validate_lists_every_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert out == ""
     assert err.splitlines() == [
         f"{path}:3: flags.renameByDefault: unknown key; did you mean sharing.timeSlicing.renameByDefault?",
-        f"{path}:8: sharing.mps.resources[0].replicas: must be at least 1 (got 0); expected an integer >= 1",
+        f"{path}:8: sharing.mps.resources[0].replicas: must be at least 1 (got 0); "
+        "expected an integer from 1 to 1024",
         f"{path}: invalid (2 problems)",
     ]
 

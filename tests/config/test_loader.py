@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from nvdp.config.loader import ConfigError, ConfigIssue, load_config, load_config_text
+from nvdp.config.loader import MAX_CONFIG_BYTES, ConfigError, ConfigIssue, load_config, load_config_text
 from nvdp.config.model import Config, DeviceSelection, ReplicatedResource
 
 VALID = Path(__file__).parent / "valid"
@@ -181,7 +183,7 @@ def test_issue_fields() -> None:
         message="must be at least 1",
         line=5,
         value="0",
-        fix="expected an integer >= 1",
+        fix="expected an integer from 1 to 1024",
     )
 
 
@@ -207,3 +209,55 @@ def test_alias_bombs_are_refused() -> None:
     with pytest.raises(ConfigError) as caught:
         load_config_text("\n".join(lines), "c.yaml", env={})
     assert caught.value.issues[0].message.startswith("the document expands to ")
+    assert "through YAML aliases" in caught.value.issues[0].message
+    assert str(caught.value.issues[0].fix).startswith("use fewer YAML aliases")
+
+
+def test_a_long_list_without_aliases_is_not_blamed_on_aliases() -> None:
+    text = "version: v1\nresources:\n  gpus:\n" + "  - 1\n" * 100_001
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(text, "c.yaml", env={})
+    (issue,) = caught.value.issues
+    assert issue.message.startswith("the document has 100008 values")
+    assert "alias" not in f"{issue.message} {issue.fix}"
+
+
+def fifo(tmp: Path) -> str:
+    os.mkfifo(tmp / "fifo")
+    return str(tmp / "fifo")
+
+
+@pytest.mark.parametrize(("kind", "make"), [
+    ("a device", lambda tmp: "/dev/zero"),
+    ("a FIFO", fifo),
+    ("a directory", str),
+])
+def test_config_files_that_never_end_or_block_are_refused(tmp_path: Path, kind: str,
+                                                          make: Callable[[Path], str]) -> None:
+    path = make(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env={})
+    (issue,) = caught.value.issues
+    assert issue.message == f"cannot read the config file: it is not a regular file ({kind})"
+
+
+def test_an_oversized_config_file_is_refused_before_parsing(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_text("#" * (MAX_CONFIG_BYTES + 1))
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(big), env={})
+    assert caught.value.issues[0].message == (
+        "cannot read the config file: it is larger than 1024 KiB, which no config needs")
+
+
+@pytest.mark.parametrize("replicas", [1025, 10**6, 10**22])
+def test_replicas_are_bounded_with_the_reason(replicas: int) -> None:
+    text = f"version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n" \
+           f"      replicas: {replicas}\n"
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(text, "c.yaml", env={})
+    (issue,) = caught.value.issues
+    assert issue.message.startswith("must be at most 1024: every replica is one device in each ListAndWatch")
+    assert issue.fix == "expected an integer from 1 to 1024"
+    ok = load_config_text(text.replace(str(replicas), "1024"), "c.yaml", env={})
+    assert ok.sharing.time_slicing is not None and ok.sharing.time_slicing.resources[0].replicas == 1024

@@ -246,6 +246,22 @@ def test_bad_config_on_sighup_keeps_the_old_one(make_plugin: MakePlugin, kubelet
     stop_cleanly(plugin)
 
 
+def test_huge_replicas_on_sighup_keep_the_old_config(make_plugin: MakePlugin, kubelet: KubeletSim,
+                                                     tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    write(config, TIME_SLICING)
+    plugin, _ = make_plugin("t4", CONFIG_FILE=str(config))
+    plugin.start()
+    kubelet.wait_for_resource("nvidia.com/gpu", count=10, timeout=10)
+    write(config, TIME_SLICING.replace("replicas: 10", "replicas: 10000000000000000000000"))
+    plugin.signal(signal.SIGHUP)
+    plugin.wait_for_log("Reload failed; still serving the previous configuration.")
+    assert "replicas: must be at most 1024" in plugin.log.split("Reload failed")[1]
+    assert len(kubelet.wait_for_resource("nvidia.com/gpu", count=10, timeout=10)) == 10
+    assert plugin.proc is not None and plugin.proc.poll() is None
+    stop_cleanly(plugin)
+
+
 def test_invalid_config_at_start_exits_1(make_plugin: MakePlugin, tmp_path: Path) -> None:
     bad = write(tmp_path / "bad.yaml", "version: v1\nflags:\n  migStrategy: x\n")
     plugin, _ = make_plugin("t4", CONFIG_FILE=bad)

@@ -122,3 +122,36 @@ def test_gpu_lost_at_startup_is_left_out(make_node: Callable[[str], NodeSim], ru
     assert all(2 not in (lk.a, lk.b) for lk in inventory.links)
     assert inventory.link(1, 3) == node.inventory.link(1, 3)
     assert inventory.gpus[0] == node.inventory.gpus[0]
+
+
+NUMA = """
+import sys
+from nvdp.inventory.nvml import discover
+print([g.numa_node for g in discover().gpus])
+"""
+
+
+def test_numa_comes_from_sysfs_not_nvml(make_node: Callable[[str], NodeSim], run_py: RunPy) -> None:
+    """On GH200/GB200 NVML names the GPU memory's own NUMA node; the kubelet needs the CPU node that
+    sysfs reports for the PCI device, which is what NVIDIA's plugin reads."""
+    node = make_node("a100-sxm-8")  # the stand-in NVML answers 0,0,0,0,1,1,1,1
+    for gpu in node.inventory.gpus:
+        domain, _, rest = gpu.pci_bus_id.partition(":")
+        numa = -1 if gpu.index == 0 else gpu.index % 2 + 2  # -1: the kernel knows no node
+        device = node.sysfs / "bus/pci/devices" / f"{domain[-4:]}:{rest}".lower()
+        (device / "numa_node").write_text(f"{numa}\n")
+    result = run_py(NUMA, node.env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[None, 3, 2, 3, 2, 3, 2, 3]"
+
+
+def test_a_corrupt_library_is_not_reported_as_missing(tmp_path: Path, run_py: RunPy) -> None:
+    library = tmp_path / "usr/lib64/libnvidia-ml.so.1"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"\x7fELF this is not a library")
+    result = run_py(DISCOVER, {}, str(tmp_path))
+    out = result.stdout
+    expected = f"UNAVAILABLE None NVML is not available: {library} was found but cannot be loaded ("
+    assert out.startswith(expected), out
+    assert "damaged, truncated or built for another architecture" in out
+    assert "not found" not in out and "Traceback" not in result.stderr

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 
 import pytest
 
@@ -224,3 +225,44 @@ def test_monitor_consumer_error_does_not_stop_the_loop() -> None:
     finally:
         monitor.stop()
     assert seen == [frozenset({"GPU-0"}), frozenset({"GPU-1"})]
+
+
+class Unreadable:
+    """An event field the binding cannot turn into a number."""
+
+    def __int__(self) -> int:
+        raise TypeError("unexpected event data")
+
+
+def test_an_event_that_cannot_be_handled_is_logged_and_checking_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    nvml = FakeNvml(["GPU-0", "GPU-1"])
+    monitor, recorder = start_monitor(nvml)
+    assert monitor.start()
+    try:
+        nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, Unreadable()))  # type: ignore[arg-type]
+        nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 48))
+        assert recorder.next() == (frozenset({"GPU-0"}), "XID 48 (critical error)")
+    finally:
+        monitor.stop()
+    failures = [r for r in caplog.records if r.getMessage().startswith("Health checking failed unexpectedly")]
+    assert len(failures) == 1 and failures[0].exc_info is not None
+
+
+def test_a_guarded_thread_that_dies_takes_the_process_down(caplog: pytest.LogCaptureFixture) -> None:
+    from nvdp.plugin.guard import guarded_thread, on_fatal
+
+    called = threading.Event()
+    on_fatal(called.set)
+    try:
+        def broken() -> None:
+            raise RuntimeError("bug")
+
+        thread = guarded_thread(broken, "t", LOG, "The test thread")
+        thread.start()
+        thread.join(5)
+        assert called.is_set()
+    finally:
+        on_fatal(None)
+    assert "The test thread stopped unexpectedly; the plugin cannot go on without it" in caplog.messages

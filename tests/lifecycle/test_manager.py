@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +17,15 @@ from nvdp.plugin.manager import PlanDiff, PluginManager, diff_plans
 from .fakes import gpu, inventory
 
 LOG = logging.getLogger("test.manager")
+
+
+def eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def device(gpu_index: int, replica: int | None = None) -> PlannedDevice:
@@ -45,13 +56,14 @@ class FakeServer:
         self.socket_path = str(directory / f"nvidia-{resource.short_name}.sock")
         self.book = book
         self.started = self.stopped = False
+        self.stops = 0
         self.registrations = 0
         self.updates: list[PlannedResource] = []
 
     def start(self) -> None:
         if self.resource.name in self.book.fail_start:
             raise RuntimeError("socket directory missing")
-        self.started = True
+        self.started, self.stopped = True, False
         Path(self.socket_path).write_text("")
 
     def register(self, kubelet_socket: str, timeout: float = 5.0) -> None:
@@ -64,6 +76,7 @@ class FakeServer:
         self.updates.append(resource)
 
     def stop(self) -> None:
+        self.stops += 1
         self.stopped = True
         Path(self.socket_path).unlink(missing_ok=True)
 
@@ -122,8 +135,8 @@ def test_apply_starts_and_registers(tmp_path: Path, book: Book) -> None:
     (tmp_path / "kubelet.sock").write_text("")
     m = manager(tmp_path, book)
     m.apply(Plan(resources=(GPU, SHARED)))
+    assert eventually(lambda: m.registered == {"nvidia.com/gpu", "nvidia.com/gpu.shared"})
     assert set(book.live()) == {"nvidia.com/gpu", "nvidia.com/gpu.shared"}
-    assert m.registered == {"nvidia.com/gpu", "nvidia.com/gpu.shared"}
     m.stop()
     assert book.live() == {}
     assert list(tmp_path.glob("nvidia-*")) == []
@@ -133,9 +146,11 @@ def test_reapply_keeps_unchanged_servers(tmp_path: Path, book: Book) -> None:
     (tmp_path / "kubelet.sock").write_text("")
     m = manager(tmp_path, book)
     m.apply(Plan(resources=(GPU,)))
+    assert eventually(lambda: m.registered == {"nvidia.com/gpu"})
     first = book.live()["nvidia.com/gpu"]
     diff = m.apply(Plan(resources=(GPU, SHARED)), config=replace(m.config, source="/new.yaml"))
     assert diff.unchanged == ("nvidia.com/gpu",) and diff.added == ("nvidia.com/gpu.shared",)
+    assert eventually(lambda: len(m.registered) == 2)
     assert book.live()["nvidia.com/gpu"] is first
     assert first.registrations == 1 and first.updates == []
     diff = m.apply(Plan(resources=(SHARED,)))
@@ -147,11 +162,14 @@ def test_settings_change_restarts_servers(tmp_path: Path, book: Book) -> None:
     (tmp_path / "kubelet.sock").write_text("")
     m = manager(tmp_path, book)
     m.apply(Plan(resources=(GPU,)))
+    assert eventually(lambda: m.registered == {"nvidia.com/gpu"})
     first = book.live()["nvidia.com/gpu"]
     config = make_config(tmp_path, device_list_strategy=("volume-mounts",))
     diff = m.apply(Plan(resources=(GPU,)), config=config)
     assert diff.restarted == ("nvidia.com/gpu",)
-    assert first.stopped and book.live()["nvidia.com/gpu"].config is config
+    assert first.stopped
+    assert eventually(lambda: "nvidia.com/gpu" in book.live())
+    assert book.live()["nvidia.com/gpu"].config is config
     m.stop()
 
 
@@ -160,6 +178,7 @@ def test_unhealthy_marks_every_replica_of_the_gpu(tmp_path: Path, book: Book,
     (tmp_path / "kubelet.sock").write_text("")
     m = manager(tmp_path, book)
     m.apply(Plan(resources=(GPU, SHARED)))
+    assert eventually(lambda: len(m.registered) == 2)
     m.mark_unhealthy(frozenset({"GPU-1"}), "XID 79 (GPU has fallen off the bus)")
     shared = book.live()["nvidia.com/gpu.shared"].resource
     assert [(d.id, d.healthy) for d in shared.devices] == [
@@ -176,16 +195,18 @@ def test_kubelet_started_later_is_retried_with_one_log_line(tmp_path: Path, book
                                                             caplog: pytest.LogCaptureFixture) -> None:
     m = manager(tmp_path, book)
     m.apply(Plan(resources=(GPU,)))
+    running = m.resource("nvidia.com/gpu")
+    assert running is not None
+    assert eventually(lambda: running.server.registrations == 0 and len(book.live()) == 1)  # type: ignore[attr-defined]
+    time.sleep(0.1)  # several retries
     assert m.registered == frozenset()
-    m.process_pending()
-    m.process_pending()
     waiting = [r for r in caplog.messages if "not registered with the kubelet yet" in r]
     kubelet = f"{tmp_path}/kubelet.sock"
     assert waiting == [f"nvidia.com/gpu: not registered with the kubelet yet: no kubelet socket at "
                        f"{kubelet}; retrying every 0.01s and when {kubelet} appears"]
     (tmp_path / "kubelet.sock").write_text("")
     m.kubelet_restarted()
-    assert m.registered == {"nvidia.com/gpu"}
+    assert eventually(lambda: m.registered == {"nvidia.com/gpu"})
     m.stop()
 
 
@@ -193,13 +214,16 @@ def test_kubelet_restart_reregisters_and_restarts_removed_sockets(tmp_path: Path
     (tmp_path / "kubelet.sock").write_text("")
     m = manager(tmp_path, book)
     m.apply(Plan(resources=(GPU, SHARED)))
+    assert eventually(lambda: len(m.registered) == 2)
     gpu_server = book.live()["nvidia.com/gpu"]
     shared_server = book.live()["nvidia.com/gpu.shared"]
     Path(shared_server.socket_path).unlink()
     m.kubelet_restarted()
-    assert gpu_server.registrations == 2 and not gpu_server.stopped
-    assert shared_server.stopped
-    assert book.live()["nvidia.com/gpu.shared"].registrations == 1
+    assert eventually(lambda: gpu_server.registrations == 2 and shared_server.registrations == 2)
+    assert not gpu_server.stopped
+    # The server whose socket the kubelet removed was restarted (stopped, then listening again).
+    assert shared_server.started and Path(shared_server.socket_path).exists()
+    assert shared_server.stops == 1
     m.stop()
 
 
@@ -209,7 +233,6 @@ def test_failed_start_is_retried_in_background(tmp_path: Path, book: Book) -> No
     m = manager(tmp_path, book)
     m.apply(Plan(resources=(GPU,)))
     assert m.pending()
-    m.start_background()
     book.fail_start.clear()
     for _ in range(500):
         if not m.pending():
@@ -244,7 +267,6 @@ def test_gated_resource_waits_then_follows_readiness(tmp_path: Path, book: Book)
     mps = replace(SHARED, name="nvidia.com/gpu", sharing="mps")
     m = PluginManager(make_config(tmp_path), inventory(gpu(0), gpu(1)), LOG, server_factory=book.factory,
                       gate_factory=lambda r, c, lg: gate, retry_interval_s=0.01)
-    m.start_background()
     m.apply(Plan(resources=(mps,)))
     assert book.live() == {}
     gate.ready.set()
@@ -260,3 +282,33 @@ def test_gated_resource_waits_then_follows_readiness(tmp_path: Path, book: Book)
     assert all(d.healthy for d in book.live()["nvidia.com/gpu"].resource.devices)
     m.stop()
     assert gate.closed.wait(5)
+
+
+def test_stopping_a_server_does_not_hold_up_health_updates(tmp_path: Path, book: Book) -> None:
+    (tmp_path / "kubelet.sock").write_text("")
+    m = manager(tmp_path, book)
+    m.apply(Plan(resources=(GPU, SHARED)))
+    assert eventually(lambda: len(m.registered) == 2)
+    slow = book.live()["nvidia.com/gpu"]
+    release = threading.Event()
+    stopping = threading.Event()
+    plain_stop = slow.stop
+
+    def stop_slowly() -> None:  # a server whose calls take their grace period to finish
+        stopping.set()
+        release.wait(10)
+        plain_stop()
+
+    slow.stop = stop_slowly  # type: ignore[method-assign]
+    remover = threading.Thread(target=m.apply, args=(Plan(resources=(SHARED,)),))
+    remover.start()
+    try:
+        assert stopping.wait(5)
+        marker = threading.Thread(target=m.mark_unhealthy, args=(frozenset({"GPU-1"}), "XID 79"))
+        marker.start()
+        marker.join(5)
+        assert not marker.is_alive(), "mark_unhealthy waited for a server to stop"
+    finally:
+        release.set()
+        remover.join(10)
+    m.stop()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +18,17 @@ from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.kubelet_sim import KubeletSim, KubeletSimError
 from nvdp.plan.model import PlannedResource
-from nvdp.plugin.server import RegistrationError, ResourceServer, ServerStartError
+from nvdp.plugin.api import deviceplugin_pb2 as pb
+from nvdp.plugin.preferred import PreferredAllocator
+from nvdp.plugin.server import (
+    KUBELET_MAX_RECEIVE_BYTES,
+    RegistrationError,
+    ResourceServer,
+    ServerStartError,
+    list_and_watch_bytes,
+    oversized,
+    pb_grpc,
+)
 
 GPU = "nvidia.com/gpu"
 
@@ -218,3 +230,157 @@ def test_shared_resource_refusal_over_grpc(short_tmp: Path, kubelet: KubeletSim)
         )
     finally:
         server.stop()
+
+
+def test_a_device_list_too_long_for_the_kubelet_is_explained() -> None:
+    inventory = make_inventory(8, numa_split=4)
+    fits = replicated_resource(inventory, 1024)  # the largest a config may ask for on 8 GPUs
+    assert oversized(fits) is None
+    assert list_and_watch_bytes(fits) < KUBELET_MAX_RECEIVE_BYTES // 4
+    many = replicated_resource(inventory, 10_000)
+    reason = oversized(many)
+    assert reason is not None
+    size = list_and_watch_bytes(many) / 2**20
+    assert reason.startswith(f"nvidia.com/gpu: its 80000 devices make a {size:.1f} MiB ListAndWatch message, "
+                             "more than the 4 MiB the kubelet accepts; lower the replicas")
+
+
+def test_stop_leaves_a_socket_another_instance_made(short_tmp: Path) -> None:
+    """A rolling update: the new instance listens at the path before the old one exits."""
+    inventory = make_inventory(1)
+    config = config_with(device_plugin_path=str(short_tmp))
+    old = _server(whole_gpu_resource(inventory), config, inventory)
+    old.start()
+    new = _server(whole_gpu_resource(inventory), config, inventory)
+    new.start()  # replaces the old instance's socket file with its own
+    try:
+        old.stop()
+        assert os.path.exists(new.socket_path)
+        with grpc.insecure_channel(f"unix://{new.socket_path}") as channel:
+            stub = pb_grpc.DevicePluginStub(channel)
+            stub.GetDevicePluginOptions(pb.Empty(), timeout=5)
+    finally:
+        new.stop()
+    assert not os.path.exists(new.socket_path)
+
+
+def test_idle_streams_do_not_starve_allocate(served) -> None:  # type: ignore[no-untyped-def]
+    server, resource = served
+    with grpc.insecure_channel(f"unix://{server.socket_path}") as channel:
+        stub = pb_grpc.DevicePluginStub(channel)
+        streams = [stub.ListAndWatch(pb.Empty()) for _ in range(12)]
+        opened = refused = 0
+        for stream in streams:
+            try:
+                next(stream)
+                opened += 1
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "ListAndWatch streams are open already" in str(err.details())
+                refused += 1
+        assert opened >= 1 and opened + refused == 12
+        request = pb.AllocateRequest(container_requests=[
+            pb.ContainerAllocateRequest(devices_ids=[resource.devices[0].id])])
+        for _ in range(20):
+            response = stub.Allocate(request, timeout=5)
+            assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == resource.devices[0].id
+        for stream in streams:
+            stream.cancel()
+
+
+def test_a_huge_device_id_is_cut_in_the_error(served, kubelet: KubeletSim,  # type: ignore[no-untyped-def]
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    server, _ = served
+    server.register(str(kubelet.socket_path))
+    kubelet.wait_for_resource(GPU, count=4)
+    huge = "GPU-" + "x" * 3_500_000
+    with pytest.raises(KubeletSimError) as caught:
+        kubelet.allocate(GPU, [[huge]])
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f'unknown device "GPU-{"x" * 76}... (3500004 characters)"' in caught.value.details
+    assert len(caught.value.details) < 1000
+    assert all(len(r.getMessage()) < 2000 for r in caplog.records)
+
+
+def test_allocate_logs_a_bounded_line(short_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    inventory = make_inventory(2)
+    resource = replicated_resource(inventory, 1000)
+    config = config_with(device_plugin_path=str(short_tmp))
+    server = _server(resource, config, inventory)
+    server.start()
+    try:
+        ids = [d.id for d in resource.devices[:500]]
+        with grpc.insecure_channel(f"unix://{server.socket_path}") as channel:
+            stub = pb_grpc.DevicePluginStub(channel)
+            stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]),
+                          timeout=5)
+    finally:
+        server.stop()
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Allocate ")]
+    assert line.endswith(" and 496 more") and len(line) < 400
+
+
+def test_preferred_allocation_with_many_must_include_ids(short_tmp: Path) -> None:
+    inventory = make_inventory(2)
+    resource = replicated_resource(inventory, 1000)
+    allocator = PreferredAllocator(resource, inventory, "distributed")
+    ids = [d.id for d in resource.devices]
+    picked = allocator.select(ids, ids[:1000], 1001)
+    assert picked[:1000] == ids[:1000] and picked[1000] in ids[1000:]
+    with pytest.raises(ValueError) as caught:
+        allocator.select(ids[:10], ids[10:], 2000)
+    assert "and 1986 more are not among the available devices" not in str(caught.value)  # size check first
+    with pytest.raises(ValueError) as caught:
+        allocator.select(ids[:1990], ids[1000:], 1500)
+    assert len(str(caught.value)) < 500
+
+
+def test_start_in_a_file_says_it_is_not_a_directory(short_tmp: Path) -> None:
+    inventory = make_inventory(1)
+    (short_tmp / "plugins").write_text("")
+    config = config_with(device_plugin_path=str(short_tmp / "plugins"))
+    server = _server(whole_gpu_resource(inventory), config, inventory)
+    with pytest.raises(ServerStartError) as caught:
+        server.start()
+    assert f"{short_tmp}/plugins exists but is not a directory" in str(caught.value)
+    assert "Errno" not in str(caught.value)
+
+
+def test_starting_is_announced_once_however_often_it_is_retried(short_tmp: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    inventory = make_inventory(1)
+    (short_tmp / "nvidia-gpu.sock").write_text("not a socket")
+    server = _server(whole_gpu_resource(inventory), config_with(device_plugin_path=str(short_tmp)), inventory)
+    for _ in range(3):
+        with pytest.raises(ServerStartError):
+            server.start()
+    assert caplog.messages.count("Starting GRPC server for 'nvidia.com/gpu'") == 1
+
+
+def test_register_says_when_the_kubelet_removed_its_socket_meanwhile(  # type: ignore[no-untyped-def]
+    served, short_tmp: Path
+) -> None:
+    server, _ = served
+    path = short_tmp / "going-kubelet.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))
+    dead.listen(1)  # accepts the connection, never answers
+
+    def remove_soon() -> None:
+        time.sleep(0.2)
+        path.unlink()
+
+    remover = threading.Thread(target=remove_soon)
+    remover.start()
+    try:
+        with pytest.raises(RegistrationError) as caught:
+            server.register(str(path), timeout=1.0)
+    finally:
+        remover.join()
+        dead.close()
+    assert str(caught.value) == (
+        f"cannot register nvidia.com/gpu: {path} was removed while registering (the kubelet is restarting); "
+        "registering again when it is back"
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,21 +41,50 @@ def load_config(
     data: bytes | None = None
     if path is not None:
         try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise ConfigError(
-                [
-                    ConfigIssue(
-                        path,
-                        "",
-                        f"cannot read the config file: {reason}",
-                        fix=f"check the path given by {source}",
-                    )
-                ]
-            ) from None
+            data = read_config_file(path)
+        except ConfigFileUnreadable as exc:
+            fix = f"check the path given by {source}"
+            issue = ConfigIssue(path, "", f"cannot read the config file: {exc}", fix=fix)
+            raise ConfigError([issue]) from None
     return load_config_text(data, path or "defaults", env, overrides)
+
+
+# A ConfigMap holds at most 1 MiB; a config file is a few KiB.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class ConfigFileUnreadable(Exception):
+    """The config file cannot be read; the message says why."""
+
+
+def read_config_file(path: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    """The file's bytes; refuses what is not a regular file (a FIFO would block, /dev/zero never ends)
+    and anything over `limit`, before reading it whole."""
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer must not hang start-up.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigFileUnreadable(exc.strerror or str(exc)) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ConfigFileUnreadable(f"it is not a regular file ({_file_kind(mode)})")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise ConfigFileUnreadable(exc.strerror or str(exc)) from None
+    if len(data) > limit:
+        raise ConfigFileUnreadable(f"it is larger than {limit >> 10} KiB, which no config needs")
+    return data
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a plain file"
 
 
 def load_config_text(

@@ -132,6 +132,8 @@ def _keyword(key: str, arg: Any, node: SchemaNode, value: object, root: SchemaNo
         return _pattern(arg).search(value) is not None if isinstance(value, str) else True
     if key == "minimum":
         return value >= arg if number else True  # type: ignore[operator]
+    if key == "maximum":
+        return value <= arg if number else True  # type: ignore[operator]
     if key == "enum":
         return _scalar_equal(arg, value)
     if key == "const":

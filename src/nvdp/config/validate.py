@@ -89,6 +89,7 @@ def _describe(error: ValidationError, locate: Locate) -> list[ConfigIssue]:
         "const": "is not an allowed value",
         "pattern": "is not valid",
         "minimum": f"must be at least {error.validator_value}",
+        "maximum": f"must be at most {error.validator_value}",
         "minItems": f"must list at least {error.validator_value} item(s)",
         "minLength": "must not be empty",
         "uniqueItems": "lists the same item twice",
@@ -97,6 +98,8 @@ def _describe(error: ValidationError, locate: Locate) -> list[ConfigIssue]:
     fix = f"expected {expected_phrase(node)}"
     if keyword == "minItems" and error.validator_value == 1:
         message, fix = "must not be empty", "add at least one entry"
+    if keyword == "maximum" and isinstance(node.get("$comment"), str):
+        message += f": {node['$comment']}"  # the schema says why the bound is where it is
     return [_issue(locate, path, message, got, fix)]
 
 
@@ -135,7 +138,9 @@ def expected_phrase(node: SchemaNode, use_title: bool = False) -> str:
     phrases = []
     for kind in types:
         phrase = _TYPE_PHRASES.get(kind, kind)
-        if kind == "integer" and "minimum" in node:
+        if kind == "integer" and "minimum" in node and "maximum" in node:
+            phrase += f" from {node['minimum']} to {node['maximum']}"
+        elif kind == "integer" and "minimum" in node:
             phrase += f" >= {node['minimum']}"
         if kind == "string" and node.get("minLength"):
             phrase = "a non-empty string"

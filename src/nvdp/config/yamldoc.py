@@ -33,18 +33,10 @@ def parse_document(data: str | bytes, source: str) -> ParsedDocument:
             lines: dict[DocPath, int] = {}
             duplicates: list[ConfigIssue] = []
             if node is not None:
-                size = _expanded_size(node, {})
+                memo: dict[int, int] = {}
+                size = _expanded_size(node, memo)
                 if size > MAX_VALUES:
-                    raise ConfigError(
-                        [
-                            ConfigIssue(
-                                source,
-                                "",
-                                f"the document expands to {size} values (more than {MAX_VALUES})",
-                                fix="use fewer YAML aliases",
-                            )
-                        ]
-                    )
+                    raise ConfigError([_too_large(source, size, written=len(memo))])
                 _index(node, (), lines, duplicates, source, set())
             if duplicates:
                 raise ConfigError(duplicates)
@@ -120,6 +112,17 @@ def _index(
             item_path: DocPath = (*path, i)
             lines[item_path] = item.start_mark.line + 1
             _index(item, item_path, lines, duplicates, source, visited)
+
+
+def _too_large(source: str, size: int, written: int) -> ConfigIssue:
+    # `written`: distinct nodes in the file. Far fewer than `size` means aliases multiplied them.
+    if written * 2 <= size:
+        return ConfigIssue(source, "", f"the document expands to {size} values through YAML aliases "
+                           f"(more than {MAX_VALUES}; the file itself has {written})",
+                           fix="use fewer YAML aliases (*name), or write the values out")
+    return ConfigIssue(source, "", f"the document has {size} values (more than {MAX_VALUES}); a device "
+                       "plugin config has a few dozen", fix="check that this is the intended config file "
+                       "and shorten its lists")
 
 
 def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
 from pathlib import Path
 from types import TracebackType
@@ -18,7 +19,8 @@ import pynvml
 from nvdp.inventory.library import LIBRARY_NAME, candidate_paths, find_library
 from nvdp.inventory.model import Gpu, Inventory, Link, LostGpu, MigDevice
 
-NO_NUMA = -1
+# Where the host's /sys is (default /sys); the stand-in node points it at a tree of its own.
+SYSFS_ROOT_ENV = "NVDP_SYSFS_ROOT"
 _load_lock = threading.Lock()
 _FIX_RUNTIME = (
     "Fix: run the plugin with the NVIDIA container runtime (`runtimeClassName: nvidia`, chart value "
@@ -49,6 +51,9 @@ def error_name(code: int) -> str:
 def _explain_init_failure(code: int, message: str, driver_root: str, container_driver_root: str) -> str:
     name = error_name(code)
     if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+        broken = _default_search_error()
+        if broken is not None:
+            return _unloadable(LIBRARY_NAME, broken)
         looked = ", ".join(str(p) for p in candidate_paths(container_driver_root))
         return (
             f"NVML is not available ({name}): {LIBRARY_NAME} was not found under the container driver root "
@@ -88,8 +93,28 @@ def load_library(container_driver_root: str = "/driver-root") -> Path | None:
         return None
     with _load_lock, pynvml.libLoadLock:
         if pynvml.nvmlLib is None:
-            pynvml.nvmlLib = ctypes.CDLL(str(path))
+            try:
+                pynvml.nvmlLib = ctypes.CDLL(str(path))
+            except OSError as err:
+                raise NvmlUnavailable(_unloadable(str(path), err)) from None
     return path
+
+
+def _unloadable(path: str, err: OSError) -> str:
+    return (
+        f"NVML is not available: {path} was found but cannot be loaded ({err}), so the file is damaged, "
+        "truncated or built for another architecture. Fix: reinstall or repair the NVIDIA driver on the "
+        "host (nvidia-smi on the host fails the same way)."
+    )
+
+
+def _default_search_error() -> OSError | None:
+    """Why the loader's own search could not load the library, when a file was there (else None)."""
+    try:
+        ctypes.CDLL(LIBRARY_NAME)
+    except OSError as err:
+        return None if "No such file or directory" in str(err) else err
+    return None
 
 
 class NvmlSession:
@@ -104,7 +129,7 @@ class NvmlSession:
         self.container_driver_root = container_driver_root
 
     def __enter__(self) -> NvmlSession:
-        load_library(self.container_driver_root)
+        load_library(self.container_driver_root)  # raises NvmlUnavailable for a file that does not load
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as e:
@@ -174,7 +199,7 @@ def _read_gpu(index: int, uuid: str, handle: Any) -> Gpu:
         compute_capability=(int(major), int(minor)),
         minor=int(pynvml.nvmlDeviceGetMinorNumber(handle)),
         pci_bus_id=bus_id,
-        numa_node=_numa_node(handle, bus_id),
+        numa_node=numa_node(bus_id),
         mig_capable=mig_capable,
         mig_enabled=mig_enabled,
         mig_devices=_read_mig_devices(index, uuid, handle) if mig_enabled else (),
@@ -222,26 +247,21 @@ def mig_profile_from_name(name: str) -> str:
     return profile if sep else name
 
 
-def _numa_node(handle: Any, bus_id: str) -> int | None:
-    """NVML's NUMA node id; drivers without it fall back to sysfs, as NVIDIA's plugin reads it."""
-    try:
-        node = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
-        return None if node >= 2**31 else node
-    except pynvml.NVMLError as e:
-        if e.value not in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
-            raise
-    return _sysfs_numa_node(bus_id)
+def numa_node(bus_id: str, sysfs_root: str | None = None) -> int | None:
+    """The GPU's NUMA node as sysfs reports it for its PCI device, as NVIDIA's plugin reads it.
 
-
-def _sysfs_numa_node(bus_id: str) -> int | None:
+    Not NVML's nvmlDeviceGetNumaNodeId: on coherent systems (GH200, GB200) that is the node of the GPU's
+    own memory, while the kubelet's topology manager needs the CPU node the device hangs off.
+    """
+    root = sysfs_root if sysfs_root is not None else os.environ.get(SYSFS_ROOT_ENV, "/sys")
     # sysfs names the device by a 4-digit domain in lower case: 00000000:3B:00.0 -> 0000:3b:00.0
     domain, _, rest = bus_id.partition(":")
-    path = Path("/sys/bus/pci/devices") / f"{domain[-4:]}:{rest}".lower() / "numa_node"
+    path = Path(root) / "bus/pci/devices" / f"{domain[-4:]}:{rest}".lower() / "numa_node"
     try:
         node = int(path.read_text().strip())
     except (OSError, ValueError):
         return None
-    return node if node != NO_NUMA else None
+    return node if node >= 0 else None
 
 
 def _read_links(gpus: list[Gpu], handles: dict[int, Any]) -> tuple[Link, ...]:

@@ -133,6 +133,26 @@ def _describe_advertised(resource: PlannedResource) -> str:
     return f"{shown} and {rest} more" if rest > 0 else shown
 
 
+# A device ID is a UUID with a replica suffix (about 50 characters); anything longer is not one of
+# ours, and echoing megabytes of it would make the error itself too large for the kubelet to read.
+ID_SHOWN_CHARS = 80
+IDS_SHOWN = 4
+
+
+def shown_id(device_id: str) -> str:
+    """`device_id` for a message or log line, cut to ID_SHOWN_CHARS."""
+    if len(device_id) <= ID_SHOWN_CHARS:
+        return device_id
+    return f"{device_id[:ID_SHOWN_CHARS]}... ({len(device_id)} characters)"
+
+
+def shown_ids(device_ids: Sequence[str], limit: int = IDS_SHOWN) -> str:
+    """The first `limit` IDs, each cut, and how many more: a bounded line whatever the request."""
+    shown = ", ".join(shown_id(i) for i in device_ids[:limit])
+    rest = len(device_ids) - limit
+    return f"{shown} and {rest} more" if rest > 0 else shown
+
+
 def _sharing_setting(resource: PlannedResource) -> str:
     key = "mps" if resource.sharing == "mps" else "timeSlicing"
     return f"sharing.{key}.failRequestsGreaterThanOne"
@@ -150,7 +170,7 @@ def resolve_devices(resource: PlannedResource, device_ids: Sequence[str]) -> lis
         device = resource.device(device_id)
         if device is None:
             raise AllocationRefused(
-                f'{resource.name}: unknown device "{device_id}"; this node advertises '
+                f'{resource.name}: unknown device "{shown_id(device_id)}"; this node advertises '
                 f"{_describe_advertised(resource)}",
                 reason="unknown-device",
             )

@@ -18,6 +18,7 @@ from typing import Any
 from nvdp import recording
 from nvdp.config.model import DEFAULT_IGNORED_XIDS, Config
 from nvdp.inventory.model import Gpu, Inventory
+from nvdp.plugin.guard import guarded_loop, guarded_thread
 
 # NVML's "no GPU/compute instance": the event belongs to the whole GPU, not one MIG device.
 NO_INSTANCE = 0xFFFFFFFF
@@ -170,7 +171,7 @@ class HealthMonitor:
             self._log.error("Failed to start health checks: %s; continuing with health checks disabled", err)
             self._close()
             return False
-        self._thread = threading.Thread(target=self._run, name="health", daemon=True)
+        self._thread = guarded_thread(self._run, "health", self._log, "The health check thread")
         self._thread.start()
         return True
 
@@ -227,21 +228,23 @@ class HealthMonitor:
         return ""
 
     def _run(self) -> None:
-        nvml = self._nvml
-        while not self._stop.is_set():
-            self._beat = time.monotonic()
-            try:
-                data = nvml.nvmlEventSetWait_v2(self._event_set, self._wait_ms)
-            except nvml.NVMLError as err:
-                if _code(err) == nvml.NVML_ERROR_TIMEOUT:
-                    continue
-                self._wait_failed(err)
-                continue
-            except Exception as err:  # keep the loop alive whatever the binding raises
-                self._wait_failed(err)
-                continue
-            self._handle_event(data)
+        # An event that cannot be handled is logged with its traceback; checking goes on.
+        guarded_loop(self._wait_once, self._stop, self._log, "Health checking", pause_s=self._wait_ms / 1000)
         self._close()
+
+    def _wait_once(self) -> None:
+        self._beat = time.monotonic()
+        nvml = self._nvml
+        try:
+            data = nvml.nvmlEventSetWait_v2(self._event_set, self._wait_ms)
+        except nvml.NVMLError as err:
+            if _code(err) != nvml.NVML_ERROR_TIMEOUT:
+                self._wait_failed(err)
+            return
+        except Exception as err:  # whatever the binding raises counts as a failed wait
+            self._wait_failed(err)
+            return
+        self._handle_event(data)
 
     def _wait_failed(self, err: Exception) -> None:
         lost = self._lost_gpus()

@@ -20,6 +20,8 @@ import struct
 import threading
 from collections.abc import Callable
 
+from nvdp.plugin.guard import guarded_thread
+
 IN_CREATE = 0x00000100
 IN_MOVED_TO = 0x00000080
 IN_DELETE_SELF = 0x00000400
@@ -140,7 +142,7 @@ class KubeletSocketWatcher:
                 self._run_inotify(watcher, watching)
         else:
             target = self._run_polling
-        self._thread = threading.Thread(target=target, name="kubelet-watch", daemon=True)
+        self._thread = guarded_thread(target, "kubelet-watch", self._log, "The kubelet socket watcher")
         self._thread.start()
 
     def stop(self) -> None:

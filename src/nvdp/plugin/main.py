@@ -47,6 +47,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Posted to the signal pipe by the per-node config threads; above every signal number.
 NODE_CONFIG_CHANGED = 250
+FATAL = 0  # not a signal number: posted on the signal pipe when the process must exit with a failure
 
 
 class StartupError(Exception):
@@ -99,13 +100,24 @@ class SignalInbox:
             os.write(self._write, bytes([code]))
 
     def wait(self, timeout: float | None = None) -> list[int]:
+        """Every signal received since the last call (all that queued up, in order); [] on timeout."""
         ready, _, _ = select.select([self._read], [], [], timeout)
         if not ready:
             return []
-        try:
-            return list(os.read(self._read, 64))
-        except BlockingIOError:
-            return []
+        received: list[int] = []
+        while True:
+            try:
+                chunk = os.read(self._read, 4096)
+            except BlockingIOError:
+                return received
+            received.extend(chunk)
+            if len(chunk) < 4096:
+                return received
+
+    def post_fatal(self) -> None:
+        """Wake the main loop to exit with a failure (a guarded thread died); safe from any thread."""
+        with contextlib.suppress(OSError):
+            os.write(self._write, bytes([FATAL]))
 
     def close(self) -> None:
         signal.set_wakeup_fd(-1)
@@ -158,11 +170,16 @@ class PluginProcess:
 
     def make_plan(self, config: Config, inventory: Inventory) -> Plan:
         from nvdp.plan import PlanError, plan
+        from nvdp.plugin.server import oversized
 
         try:
-            return plan(config, inventory)
+            planned = plan(config, inventory)
         except PlanError as err:
             raise StartupError(f"the configuration cannot be applied to this node's GPUs: {err}") from None
+        too_big = [reason for reason in map(oversized, planned.resources) if reason]
+        if too_big:
+            raise StartupError("the configuration cannot be served on this node: " + "; ".join(too_big))
+        return planned
 
     def prepare(self) -> Prepared:
         config = self.load_config()
@@ -186,7 +203,6 @@ class PluginProcess:
         self.manager = PluginManager(prepared.config, prepared.inventory, self.log)
         self.watch_kubelet(prepared.config, KubeletSocketWatcher)
         self.manager.apply(prepared.plan)
-        self.manager.start_background()
         self.start_health(prepared)
         self.not_serving_reason = None
         recording.config_active(prepared.config.source, self.entry())
@@ -233,6 +249,12 @@ class PluginProcess:
             recording.config_refused(str(err), time.time(), notify=self.node_config is None)
             self.log.error("Reload failed; still serving the previous configuration.\n%s", err)
             return str(err)
+        except Exception as err:  # whatever went wrong, a reload must not take a serving plugin down
+            error = f"{type(err).__name__}: {err}"
+            recording.config_refused(error, time.time(), notify=self.node_config is None)
+            self.log.exception("Reload failed unexpectedly (%s: %s); still serving the previous "
+                               "configuration", type(err).__name__, err)
+            return error
         if self.manager is None:
             recording.config_applied(prepared.config.source, "first configuration served", True, time.time(),
                                      notify=self.node_config is None)
@@ -385,17 +407,26 @@ class PluginProcess:
             self.serve(prepared)
         try:
             while True:
-                wakes = inbox.wait()
-                for signum in dict.fromkeys(wakes):  # a burst of label events re-plans once
-                    if signum == signal.SIGHUP and self.node_config is not None:
+                received = inbox.wait()
+                # A stop signal goes first, however many reloads queued up before it.
+                stop = next((s for s in received if s in STOP_SIGNALS), None)
+                if stop is not None:
+                    self.log.info("Received signal %s, shutting down.", signal.Signals(stop).name)
+                    return EXIT_OK
+                if FATAL in received:
+                    self.log.error("Exiting so that the kubelet restarts the plugin (see the error above)")
+                    return EXIT_FAILED
+                reloads = received.count(signal.SIGHUP)
+                if reloads > 1:
+                    self.log.info("%d SIGHUPs arrived together; reloading once", reloads)
+                if self.node_config is not None:
+                    # A burst of label or entry changes re-plans once; SIGHUP re-plans even without one.
+                    if reloads:
                         self.reselect("Received SIGHUP")
-                    elif signum == signal.SIGHUP:
-                        self.reload()
-                    elif signum == NODE_CONFIG_CHANGED:
+                    elif NODE_CONFIG_CHANGED in received:
                         self.reselect("Node config changed")
-                    elif signum in STOP_SIGNALS:
-                        self.log.info("Received signal %s, shutting down.", signal.Signals(signum).name)
-                        return EXIT_OK
+                elif reloads:
+                    self.reload()
         finally:
             self.shutdown()
 
@@ -448,9 +479,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = setup_logging()
     log.info("Starting NVIDIA device plugin (nvdp %s)", __version__)
     inbox = SignalInbox()
+    from nvdp.plugin.guard import on_fatal
+
+    on_fatal(inbox.post_fatal)
     try:
         return PluginProcess(args, os.environ, log).run(inbox)
     finally:
+        on_fatal(None)
         inbox.close()
 
 

@@ -22,6 +22,7 @@ from nvdp import recording
 from nvdp.mps import control
 from nvdp.mps.paths import HOST_ROOT_ENV, ResourcePaths, container_root, unusable_root, unusable_root_message
 from nvdp.mps.status import DaemonStatus, read_status
+from nvdp.plugin.guard import guarded_loop, guarded_thread
 
 MPS_CAPABLE_LABEL = "nvidia.com/mps.capable=true"
 WAIT_LOG_INTERVAL_ENV = "MPS_WAIT_LOG_INTERVAL"
@@ -153,25 +154,37 @@ class MpsGate:
         the watcher ends at once: a gate is not reused.
         """
 
-        def loop() -> None:
-            state = ready
-            while not self._stop.wait(self.probe_interval_s):
-                problem = self.problem()
-                self.waiting_reason = problem
-                now = problem is None
-                if now == state:
-                    continue
-                state = now
-                recording.mps_ready(self.resource_name, now, problem or "")
-                if now:
-                    self.log.info(
-                        "%s: MPS control daemon answers again; devices are Healthy", self.resource_name
-                    )
-                else:
-                    self.log.warning("%s; its devices are Unhealthy until it returns", problem)
-                on_change(now)
+        state = ready
 
-        self._watcher = threading.Thread(target=loop, name=f"mps gate {self.resource_name}", daemon=True)
+        def check() -> None:
+            nonlocal state
+            if self._stop.wait(self.probe_interval_s):
+                return
+            try:
+                problem = self.problem()
+            except Exception as err:
+                # Checking itself failed (a filesystem error under the MPS root, say): not ready, and
+                # the next probe tries again; guarded_loop would only log it and leave the state.
+                self.log.exception("%s: checking the MPS control daemon failed", self.resource_name)
+                problem = f"{self.resource_name}: checking the MPS control daemon failed: {err}"
+            self.waiting_reason = problem
+            now = problem is None
+            if now == state:
+                return
+            state = now
+            recording.mps_ready(self.resource_name, now, problem or "")
+            if now:
+                self.log.info("%s: MPS control daemon answers again; devices are Healthy", self.resource_name)
+            else:
+                self.log.warning("%s; its devices are Unhealthy until it returns", problem)
+            on_change(now)
+
+        def loop() -> None:
+            guarded_loop(check, self._stop, self.log, f"{self.resource_name}: the MPS gate",
+                         pause_s=self.probe_interval_s)
+
+        self._watcher = guarded_thread(loop, f"mps gate {self.resource_name}", self.log,
+                                       f"{self.resource_name}: the MPS gate")
         self._watcher.start()
 
     def close(self) -> None:

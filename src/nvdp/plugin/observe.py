@@ -90,8 +90,9 @@ class PluginEndpoints:
         if manager is not None:
             stuck = None if manager.responsive(LOCK_TIMEOUT_S) else f"lock held for over {LOCK_TIMEOUT_S:g}s"
             checks.append(Check("manager", stuck))
-            for name, socket_path in manager.started_sockets():
-                # A socket the kubelet removed is being replaced by the manager: not a hang.
+            for name, socket_path in manager.sockets():
+                # No socket: not started yet (held by a gate, retrying), or removed by a restarting
+                # kubelet and being replaced; neither is a hang.
                 if os.path.exists(socket_path):
                     checks.append(Check(f"server {name}", self._call_server(socket_path)))
         health = self._process.health
@@ -119,11 +120,14 @@ def start(process: PluginProcess, args: argparse.Namespace, log: logging.Logger)
     endpoints = PluginEndpoints(process)
     probes: dict[str, Route] = {"/healthz": endpoints.healthz, "/readyz": endpoints.readyz}
     wanted: dict[str, dict[str, Route]] = {}
-    if args.metrics_address:
+    # getattr: a process built from a bare Namespace (tests, embedding) serves nothing.
+    metrics_address = getattr(args, "metrics_address", None)
+    health_address = getattr(args, "health_address", None)
+    if metrics_address:
         recording.enable()
-        wanted[args.metrics_address] = {**probes, "/metrics": endpoints.metrics}
-    if args.health_address:
-        wanted.setdefault(args.health_address, {}).update(probes)
+        wanted[metrics_address] = {**probes, "/metrics": endpoints.metrics}
+    if health_address:
+        wanted.setdefault(health_address, {}).update(probes)
     servers: list[HttpEndpoints] = []
     try:
         for address, routes in wanted.items():

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nvdp.config.model import AllocationPolicy
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
+from nvdp.plugin.allocate import shown_ids
 
 # gpuallocator's pair scores by NVML topology level (see nvdp.inventory.model.TOPOLOGY_LEVELS).
 PCIE_SCORES: dict[int, int] = {
@@ -100,12 +102,16 @@ class PreferredAllocator:
             raise ValueError(f"{name}: allocation size must be at least 1, got {size}")
         if size > len(available):
             raise ValueError(f"{name}: cannot pick {size} devices from {len(available)} available")
-        missing = [i for i in must if i not in set(available)]
+        # Sets built once: a request may name tens of thousands of replicas.
+        available_set, must_set = set(available), set(must)
+        missing = [i for i in must if i not in available_set]
         if missing:
-            raise ValueError(f"{name}: must-include devices {missing} are not among the available devices")
+            raise ValueError(
+                f"{name}: must-include devices {shown_ids(missing)} are not among the available devices"
+            )
         if len(must) > size:
             raise ValueError(f"{name}: {len(must)} must-include devices do not fit an allocation of {size}")
-        rest = [self._candidate(i) for i in available if i not in set(must)]
+        rest = [self._candidate(i) for i in available if i not in must_set]
         needed = size - len(must)
         if needed == 0:
             return must
@@ -215,9 +221,9 @@ class PreferredAllocator:
         for c in required:
             picks[c.group] = picks.get(c.group, 0) + 1
         # Per group, its candidates in plan order; each step takes the head of the best group.
-        queues: dict[str, list[_Candidate]] = {}
+        queues: dict[str, deque[_Candidate]] = {}
         for c in sorted(rest, key=lambda c: (not c.usable, c.order)):
-            queues.setdefault(c.group, []).append(c)
+            queues.setdefault(c.group, deque()).append(c)
         first_order = {g: q[0].order for g, q in queues.items()}
         sign = 1 if self.policy == "distributed" else -1
         picked: list[_Candidate] = []
@@ -230,6 +236,6 @@ class PreferredAllocator:
                 return (not head.usable, sign * load, picks.get(group, 0), first_order[group])
 
             group = min(open_groups, key=rank)
-            picked.append(queues[group].pop(0))
+            picked.append(queues[group].popleft())
             picks[group] = picks.get(group, 0) + 1
         return picked

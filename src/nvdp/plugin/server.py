@@ -8,6 +8,8 @@ wire format and keeps the per-resource state consistent across threads.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
 import stat
@@ -16,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ from nvdp.plugin.allocate import (
     ContainerAllocation,
     allocate_container,
     parse_mig_minors,
+    shown_ids,
 )
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 from nvdp.plugin.api import deviceplugin_pb2_grpc as _pb_grpc
@@ -44,10 +48,17 @@ pb_grpc: Any = _pb_grpc
 API_VERSION = "v1beta1"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-# The kubelet keeps one ListAndWatch stream per plugin; the rest serve Allocate and friends.
+# Each ListAndWatch stream holds a worker for its whole life. The kubelet keeps one per plugin (two
+# for a moment around a re-registration); more are refused, so Allocate always finds free workers.
 _WORKERS = 8
+MAX_STREAMS = 4
+# Calls beyond this (running and queued) are refused at once instead of queueing without bound.
+_MAX_CONCURRENT_RPCS = 64
 _READY_TIMEOUT_S = 5.0
 _STOP_GRACE_S = 1.0
+# The kubelet reads ListAndWatch with gRPC's default receive limit; a longer list is refused on its
+# side with RESOURCE_EXHAUSTED and the resource silently stays at its last list (or none).
+KUBELET_MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 
 
 class RegistrationError(RuntimeError):
@@ -56,6 +67,18 @@ class RegistrationError(RuntimeError):
 
 class ServerStartError(RuntimeError):
     """The gRPC server could not listen on its socket."""
+
+
+_bind_names = itertools.count()  # private names to bind under, unique in this process
+
+
+def _file_id(path: str) -> tuple[int, int, int] | None:
+    # Inode numbers are reused at once after an unlink (tmpfs), so the change time tells sockets apart.
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def socket_path_for(resource: PlannedResource, config: Config) -> str:
@@ -94,6 +117,24 @@ def device_message(device: PlannedDevice) -> Any:
     if device.numa_node is not None:
         topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=device.numa_node)])
     return pb.Device(ID=device.id, health=HEALTHY if device.healthy else UNHEALTHY, topology=topology)
+
+
+def list_and_watch_bytes(resource: PlannedResource) -> int:
+    """The size of the resource's ListAndWatch message at its largest (every device Unhealthy)."""
+    devices = [replace(d, healthy=False) for d in resource.devices]
+    return int(pb.ListAndWatchResponse(devices=[device_message(d) for d in devices]).ByteSize())
+
+
+def oversized(resource: PlannedResource, limit: int = KUBELET_MAX_RECEIVE_BYTES) -> str | None:
+    """Why the kubelet would refuse the resource's device list, or None when it fits."""
+    size = list_and_watch_bytes(resource)
+    if size <= limit:
+        return None
+    return (
+        f"{resource.name}: its {len(resource.devices)} devices make a {size / 2**20:.1f} MiB ListAndWatch "
+        f"message, more than the {limit / 2**20:g} MiB the kubelet accepts; lower the replicas of this "
+        "resource or share fewer devices with it"
+    )
 
 
 def allocation_message(allocation: ContainerAllocation) -> Any:
@@ -164,6 +205,9 @@ class ResourceServer:
         self._stopped = False
         self._server: grpc.Server | None = None
         self._mig_minors: dict[str, int] | None = None
+        self._streams = 0  # open ListAndWatch streams
+        self._socket_id: tuple[int, int, int] | None = None  # identity of the socket this server made
+        self._announced = False  # "Starting GRPC server" is logged once, not on every retry
 
     @property
     def resource(self) -> PlannedResource:
@@ -181,13 +225,23 @@ class ResourceServer:
             self._dev_paths_present = present.__contains__
         if any(d.is_mig for d in self._resource.devices):
             self._mig_minors = read_mig_minors(self._mig_minors_file, self.log)
-        os.makedirs(os.path.dirname(self.socket_path) or ".", exist_ok=True)
-        self._remove_socket()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="nvdp-grpc"))
+        if not self._announced:
+            self.log.info("Starting GRPC server for '%s'", self._resource.name)
+            self._announced = True
+        self._make_directory()
+        self._check_socket_path()
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="nvdp-grpc"),
+            maximum_concurrent_rpcs=_MAX_CONCURRENT_RPCS,
+        )
         pb_grpc.add_DevicePluginServicer_to_server(_DevicePluginService(self), server)
-        self.log.info("Starting GRPC server for '%s'", self._resource.name)
+        # Bind under a name of our own and rename it into place: gRPC unlinks the path it bound when
+        # it stops, which must not be the path a newer instance may be listening on by then.
+        bound = os.path.join(os.path.dirname(self.socket_path), f".{os.getpid():x}-{next(_bind_names):x}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(bound)
         try:
-            port = server.add_insecure_port(f"unix://{self.socket_path}")
+            port = server.add_insecure_port(f"unix://{bound}")
         except RuntimeError as err:
             raise ServerStartError(self._listen_error(str(err))) from err
         if port == 0:
@@ -196,6 +250,13 @@ class ResourceServer:
             self._stopped = False
         server.start()
         self._server = server
+        try:
+            os.rename(bound, self.socket_path)  # atomic: replaces a stale socket in one step
+        except OSError as err:
+            self.stop()
+            cause = f"cannot move {bound} into place: {err.strerror}"
+            raise ServerStartError(self._listen_error(cause)) from None
+        self._socket_id = _file_id(self.socket_path)
         try:
             # A real call rather than grpc.channel_ready_future, which polls on a 200 ms period.
             with _fresh_channel(self.socket_path) as channel:
@@ -235,6 +296,11 @@ class ResourceServer:
                 pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as err:
             recording.registration(name, False)
+            if not os.path.exists(kubelet_socket):
+                raise RegistrationError(
+                    f"cannot register {name}: {kubelet_socket} was removed while registering (the kubelet "
+                    "is restarting); registering again when it is back"
+                ) from err
             if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise RegistrationError(
                     f"cannot register {name}: the kubelet did not answer on {kubelet_socket} within "
@@ -269,7 +335,7 @@ class ResourceServer:
         if server is not None:
             self.log.info("Stopping to serve '%s' on %s", self._resource.name, self.socket_path)
             server.stop(grace=_STOP_GRACE_S).wait()
-        self._remove_socket()
+        self._remove_own_socket()
 
     def _listen_error(self, cause: str) -> str:
         return (
@@ -277,7 +343,17 @@ class ResourceServer:
             "directory exists, is writable by the plugin and is the kubelet's device-plugins directory"
         )
 
-    def _remove_socket(self) -> None:
+    def _make_directory(self) -> None:
+        directory = os.path.dirname(self.socket_path) or "."
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except FileExistsError:
+            raise ServerStartError(self._listen_error(f"{directory} exists but is not a directory")) from None
+        except OSError as err:
+            raise ServerStartError(self._listen_error(f"cannot create {directory}: {err.strerror}")) from None
+
+    def _check_socket_path(self) -> None:
+        """A socket at our path (a crashed or older instance) is replaced; anything else is not ours."""
         try:
             mode = os.lstat(self.socket_path).st_mode
         except FileNotFoundError:
@@ -286,7 +362,14 @@ class ResourceServer:
             raise ServerStartError(
                 f"{self.socket_path} exists and is not a socket; remove it or choose another devicePluginPath"
             )
-        os.unlink(self.socket_path)
+
+    def _remove_own_socket(self) -> None:
+        """Remove the socket only if it is still the one this server made: during a rolling update the
+        next instance may already listen at the same path, and its socket must survive our exit."""
+        made, self._socket_id = self._socket_id, None
+        if made is not None and _file_id(self.socket_path) == made:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
 
     # -- RPC bodies -------------------------------------------------------------------------------------
 
@@ -294,6 +377,24 @@ class ResourceServer:
         return pb.ListAndWatchResponse(devices=[device_message(d) for d in self._resource.devices])
 
     def _watch(self, context: Any) -> Iterator[Any]:
+        with self._lock:
+            if self._streams >= MAX_STREAMS:
+                refused = True
+            else:
+                refused = False
+                self._streams += 1
+        if refused:
+            self.log.warning("Refused a ListAndWatch stream for %s: %d are open already; the kubelet needs "
+                             "one", self._resource.name, MAX_STREAMS)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{self._resource.name}: {MAX_STREAMS} ListAndWatch streams are open already")
+        try:
+            yield from self._stream(context)
+        finally:
+            with self._lock:
+                self._streams -= 1
+
+    def _stream(self, context: Any) -> Iterator[Any]:
         def wake() -> None:
             with self._lock:
                 self._lock.notify_all()
@@ -334,14 +435,14 @@ class ResourceServer:
                 )
             except AllocationRefused as err:
                 recording.allocation_refused(resource.name, err.reason)
-                self.log.warning("Refused Allocate for %s %s: %s", resource.name, ids, err)
+                self.log.warning("Refused Allocate for %s %s: %s", resource.name, shown_ids(ids), err)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 raise  # abort() raises; this keeps type checkers aware of it
             if allocation.unhealthy:
                 self.log.warning(
                     "Allocate for %s includes unhealthy devices %s", resource.name, list(allocation.unhealthy)
                 )
-            self.log.info("Allocate %s: %s", resource.name, ",".join(ids))
+            self.log.info("Allocate %s: %s", resource.name, shown_ids(ids))
             recording.allocated(resource.name, len(ids))
             responses.append(allocation_message(allocation))
         response = pb.AllocateResponse(container_responses=responses)
