@@ -3,9 +3,10 @@
  * exercised on machines without NVIDIA GPUs.
  *
  * Environment:
- *   NVML_SIM_PROFILE    node profile (JSON, or YAML converted once at init by NVML_SIM_PYTHON running
- *                       to_json.py); unset -> nvmlInit returns NVML_ERROR_DRIVER_NOT_LOADED.
- *   NVML_SIM_STATE_DIR  run-time state shared between processes: lost/<uuid> markers, compute-mode/<uuid>,
+ *   NVML_SIM_PROFILE    node profile (JSON, or YAML converted once per process, when the library is loaded,
+ *                       by NVML_SIM_PYTHON running to_json.py); unset -> nvmlInit returns
+ *                       NVML_ERROR_DRIVER_NOT_LOADED.
+ *   NVML_SIM_STATE_DIR  (created at init if missing) run-time state shared between processes: lost/<uuid> markers, compute-mode/<uuid>,
  *                       and the append-only `events` file ("<uuid> <xid>" per line).
  *   NVML_SIM_FAIL_INIT  make nvmlInit fail: driver_not_loaded, lib_rm_version_mismatch, no_permission,
  *                       unknown, or a numeric NVML return code.
@@ -104,7 +105,6 @@ static struct {
     sim_gpu gpus[MAX_GPUS];
     int pcie[MAX_GPUS][MAX_GPUS];
     char state_dir[1024];
-    long events_start; /* size of the events file when NVML was first initialized */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* ---------------------------------------------------------------- profile loading */
@@ -346,12 +346,34 @@ static int load_topology(const jvalue *root) {
     return 0;
 }
 
+static char *converted_yaml, converted_path[1024];
+
+static void convert_yaml(const char *path) {
+    free(converted_yaml);
+    converted_yaml = yaml_to_json(path);
+    snprintf(converted_path, sizeof converted_path, "%s", converted_yaml ? path : "");
+}
+
+static int is_yaml(const char *path) {
+    size_t plen = strlen(path);
+    return (plen > 5 && strcmp(path + plen - 5, ".yaml") == 0) || (plen > 4 && strcmp(path + plen - 4, ".yml") == 0);
+}
+
+/* Up front, when the library is loaded (before the process starts threads of its own), rather than inside
+ * whichever nvmlInit comes first: forking an interpreter from a threaded process is slow and can fail. */
+__attribute__((constructor)) static void convert_profile_at_load(void) {
+    const char *profile = getenv("NVML_SIM_PROFILE");
+    if (profile && *profile && is_yaml(profile) && access(profile, R_OK) == 0) convert_yaml(profile);
+}
+
 static int load_profile(const char *path) {
     char *text = NULL;
-    size_t plen = strlen(path);
-    if ((plen > 5 && strcmp(path + plen - 5, ".yaml") == 0) || (plen > 4 && strcmp(path + plen - 4, ".yml") == 0)) {
+    if (is_yaml(path)) {
         if (access(path, R_OK) != 0) return perr("cannot read profile %s", path);
-        text = yaml_to_json(path);
+        /* Converted once per process: a later nvmlInit (from any thread) reuses the JSON instead of
+         * forking an interpreter again. */
+        if (!converted_yaml || strcmp(converted_path, path) != 0) convert_yaml(path);
+        text = converted_yaml ? strdup(converted_yaml) : NULL;
     } else {
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) return perr("cannot read profile %s", path);
@@ -399,6 +421,21 @@ static int state_path(char *dst, size_t len, const char *sub, const char *uuid) 
     else
         snprintf(dst, len, "%s/%s", g.state_dir, sub);
     return 0;
+}
+
+/* mkdir -p of the state directory, so a fresh node (or a hostPath nobody prepared) just works. */
+static void make_state_dir(void) {
+    char path[sizeof g.state_dir];
+    if (!g.state_dir[0]) return;
+    snprintf(path, sizeof path, "%s", g.state_dir);
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        mkdir(path, 0755);
+        *p = '/';
+    }
+    if (mkdir(path, 0755) < 0 && errno != EEXIST)
+        fprintf(stderr, "nvml-sim: cannot create NVML_SIM_STATE_DIR %s: %s\n", path, strerror(errno));
 }
 
 static int gpu_lost(int i) {
@@ -481,9 +518,7 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
                 fprintf(stderr, "nvml-sim: %s: %s\n", profile, load_err);
                 ret = NVML_ERROR_UNKNOWN;
             } else {
-                static int started;
-                if (!started) g.events_start = events_size();
-                started = 1;
+                make_state_dir();
             }
         }
     }
@@ -942,7 +977,8 @@ EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     if (!s) return NVML_ERROR_MEMORY;
     s->magic = EVSET_MAGIC;
     pthread_mutex_init(&s->lock, NULL);
-    s->offset = g.events_start;
+    /* Like NVML, a set sees only the events that happen after it is created. */
+    s->offset = events_size();
     s->inotify_fd = -1;
     if (g.state_dir[0]) {
         s->inotify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);

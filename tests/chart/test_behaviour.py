@@ -154,9 +154,10 @@ def test_mps_shared_memory_follows_remounts_on_the_host() -> None:
         ("plugin", "/dev/shm"): "HostToContainer",
         ("daemon", "/mps"): "HostToContainer",
         ("daemon", "/dev/shm"): "HostToContainer",
-        ("init", "/mps"): "Bidirectional",
+        # hostPID (the default): the init container mounts in the host's mount namespace instead.
+        ("init", "/mps"): None,
     }
-    # Bidirectional propagation needs a privileged container; HostToContainer does not.
+    # Mounting in the host's namespace (or, without hostPID, Bidirectional propagation) needs privilege.
     assert daemon["initContainers"][0]["securityContext"] == {"privileged": True}
 
 

@@ -17,6 +17,8 @@ RUNTIME_ENV = {
     "NVIDIA_VISIBLE_DEVICES",
     "NVIDIA_DRIVER_CAPABILITIES",
     "NVIDIA_MIG_MONITOR_DEVICES",
+    # Read by the MPS daemon's mount step (nvdp.mps.hostmount), not by the config loader.
+    "MPS_MOUNT_IN_HOST_NAMESPACE",
 }
 observe = pytest.importorskip("nvdp.plugin.observe")
 # Read by the processes themselves (where to serve metrics and probes), not by the config loader.

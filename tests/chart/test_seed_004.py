@@ -82,16 +82,31 @@ def test_mps_root_shared_by_both_pods(rendered: Rendered) -> None:
         assert volumes["mps-shm"] == "/run/nvidia/mps/shm"
 
 
-def test_mps_init_container_mounts_shm_with_bidirectional_propagation(rendered: Rendered) -> None:
+def test_mps_init_container_mounts_shm_in_the_host_namespace(rendered: Rendered) -> None:
+    # hostPID (the default): the mount is made in the host's mount namespace, so no Bidirectional
+    # propagation and no shared mount on the host are needed.
     ds = rendered.daemonsets()[MPS]
     init = container(ds, "mps-control-daemon-mounts")
     assert init["command"] == ["mps-control-daemon", "mount-shm"]
     assert init["image"] == "ghcr.io/nvdp-project/nvdp-mps-daemon:0.1.0"
     assert init["securityContext"] == {"privileged": True}
+    assert init["volumeMounts"] == [{"name": "mps-root", "mountPath": "/mps"}]
+    assert env(init) == {"MPS_ROOT": "/run/nvidia/mps", "MPS_MOUNT_IN_HOST_NAMESPACE": "true"}
+    assert ds["spec"]["template"]["spec"]["hostPID"] is True
+
+
+def test_without_host_pid_the_init_container_uses_bidirectional_propagation() -> None:
+    values = merge_values(
+        values_file(DATA / "seed-004-values.yaml"),
+        set_file(f"config.map.config={DATA / 'seed-004-config.yaml'}"),
+        {"mps": {"enableHostPID": False}},
+    )
+    ds = render(values, release=RELEASE).daemonsets()[MPS]
+    init = container(ds, "mps-control-daemon-mounts")
     assert init["volumeMounts"] == [
         {"name": "mps-root", "mountPath": "/mps", "mountPropagation": "Bidirectional"}
     ]
-    assert ds["spec"]["template"]["spec"]["hostPID"] is True
+    assert env(init)["MPS_MOUNT_IN_HOST_NAMESPACE"] == "false"
 
 
 def test_notes_say_how_to_label_mps_nodes_and_see_gpus(rendered: Rendered) -> None:

@@ -10,7 +10,11 @@ With CONFIG_DIR it follows the same per-node choice as the plugin (node label, D
 FALLBACK_STRATEGIES; nvdp.nodeconfig): a node switched to an MPS entry gets its daemons started, one
 switched away gets them stopped. Only a change of the chosen entry or its content restarts daemons.
 
-`mps-control-daemon mount-shm` mounts the tmpfs MPS clients share as /dev/shm (the chart's init container).
+`mps-control-daemon mount-shm` mounts the tmpfs MPS clients share as /dev/shm (the chart's init container);
+with the host's PID namespace it does so in the host's mount namespace (no Bidirectional propagation, see
+nvdp.mps.hostmount). On its final stop the daemon removes what only a running daemon needs from the host:
+each resource's pipe folder and readiness marker, and the tmpfs it mounted (`mps-control-daemon
+unmount-shm`; pods that still use it keep it until they end). The bounded log folder stays.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +34,7 @@ from types import FrameType
 
 from nvdp import __version__, recording
 from nvdp.endpoints import HttpEndpoints, Response, parse_address
-from nvdp.mps import shm
+from nvdp.mps import hostmount, shm
 from nvdp.mps.commands import MpsConfigError, MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeModes
 from nvdp.mps.daemons import Daemons, plan_mps
@@ -40,6 +45,12 @@ from nvdp.nodeconfig import Chosen, NodeConfig, add_node_config_arguments, setti
 PROG = "mps-control-daemon"
 PROBE_INTERVAL_ENV = "MPS_PROBE_INTERVAL"
 METRICS_ADDRESS_ENV = "METRICS_ADDRESS"
+# The MPS root as a host path (chart value mps.root), for the steps done in the host's mount namespace.
+HOST_ROOT_ENV = "MPS_ROOT"
+HOST_MODE_FIX = (
+    "the MPS daemon pod must run privileged with the host's PID namespace (chart: mps.enableHostPID=true, "
+    "the default)"
+)
 log = logging.getLogger("nvdp.mps")
 
 
@@ -94,7 +105,24 @@ def build_mount_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def host_shm_dir() -> Path | None:
+    root = os.environ.get(HOST_ROOT_ENV, "")
+    return shm_dir(Path(root)) if root.startswith("/") else None
+
+
 def mount_shm(dry_run: bool) -> int:
+    host_path = host_shm_dir()
+    if hostmount.wanted():
+        namespace = hostmount.host_namespace()
+        if host_path is None or namespace is None:
+            # Mounting in the container instead would look fine and reach nobody.
+            print(
+                f"{PROG} mount-shm: cannot find the host's mount namespace (PID 1 and this process's parent "
+                f"share ours, or {HOST_ROOT_ENV} is not an absolute path); {HOST_MODE_FIX}",
+                file=sys.stderr,
+            )
+            return 1
+        return mount_shm_on_host(host_path, namespace, dry_run)
     path = shm_dir(container_root())
     mounted = shm.is_mounted(path, shm.read_text(Path("/proc/mounts")) or "")
     size = shm.shm_size(shm.read_text(Path("/proc/meminfo")))
@@ -107,11 +135,84 @@ def mount_shm(dry_run: bool) -> int:
             detail = done.stderr.strip() or done.stdout.strip() or f"status {done.returncode}"
             print(
                 f"{PROG} mount-shm: `{' '.join(argv)}` failed: {detail}; the init container must run "
-                "privileged with mountPropagation: Bidirectional on the MPS root",
+                "privileged with mountPropagation: Bidirectional on the MPS root, which must be a shared "
+                "mount on the host (`mount --bind R R && mount --make-rshared R`), or use "
+                "mps.enableHostPID=true so no shared mount is needed",
                 file=sys.stderr,
             )
             return 1
     return 0
+
+
+def mount_shm_on_host(path: Path, namespace: Path, dry_run: bool) -> int:
+    """The tmpfs at `path` in the host's mount namespace (replacing one left by an earlier start)."""
+    size = shm.shm_size(shm.read_text(Path("/proc/meminfo")))
+    options = f"{shm.MOUNT_OPTIONS},size={size}"
+    print(f"in the host's mount namespace ({namespace}): mount -t tmpfs shm {path} -o {options}", flush=True)
+    if dry_run:
+        return 0
+    try:
+        hostmount.enter_host_namespace(namespace)
+        path.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if hostmount.is_mount_point(path):
+            hostmount.unmount(path)
+        hostmount.mount_tmpfs(path, size)
+    except OSError as err:
+        print(f"{PROG} mount-shm: {err}; {HOST_MODE_FIX}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def unmount_shm(device: int, namespace: Path) -> int:
+    """Detach the host's tmpfs at <MPS root>/shm if it is still the one this pod got (device `device`)."""
+    path = host_shm_dir()
+    if path is None:
+        return 0
+    try:
+        hostmount.enter_host_namespace(namespace)
+        if hostmount.is_mount_point(path) and path.stat().st_dev == device:
+            hostmount.unmount(path)
+            print(f"unmounted the MPS tmpfs at {path}", flush=True)
+    except OSError as err:
+        print(f"{PROG} unmount-shm: {err}; {HOST_MODE_FIX}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def clean_up(settings: Sequence[MpsSettings], root: Path) -> None:
+    """After the final stop: what only a running daemon needs goes (see the module docstring).
+
+    The log folder and status.json ("stopped") stay: control.log is bounded (rotated past its limit) and
+    explains a daemon that stopped; a later daemon continues it rather than replaying it.
+    """
+    for item in settings:
+        paths = ResourcePaths(root, item.resource_name)
+        shutil.rmtree(paths.pipe_dir, ignore_errors=True)
+        try:
+            # status.json stays: it says "stopped", which is what the plugin should report.
+            paths.ready_marker.unlink(missing_ok=True)
+        except OSError as err:  # an unusable root was reported already; nothing of ours is left there
+            log.warning("%s: nothing cleaned up under %s: %s", item.resource_name, paths.base, err.strerror)
+            continue
+        parent = paths.base
+        while parent != root and parent.is_relative_to(root):
+            try:
+                parent.rmdir()  # only when empty: another resource of the same vendor may live there
+            except OSError:
+                break
+            parent = parent.parent
+    try:
+        device = Path("/dev/shm").stat().st_dev
+    except OSError:
+        return
+    # Found here, where the parent is still the runtime's shim; the child only joins it.
+    namespace = hostmount.host_namespace() if hostmount.wanted() else None
+    if host_shm_dir() is None or namespace is None:
+        return
+    argv = [sys.executable, "-m", "nvdp.mps.main", "unmount-shm", str(device), str(namespace)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    for line in (done.stdout + done.stderr).splitlines():
+        log.info("%s", line)
 
 
 class Signals:
@@ -274,8 +375,10 @@ def run(args: argparse.Namespace) -> int:
             signals.node_config_changed = False
             if signals.stop:
                 log.info("stopping")
-                restored = current.stop() if current is not None else True
-                current = None
+                stopping, current = current, None
+                restored = stopping.stop() if stopping is not None else True
+                if stopping is not None:
+                    clean_up(stopping.settings, root)
                 if not restored:
                     log.error(
                         "stopped, but a GPU's compute mode could not be restored to DEFAULT (see above)"
@@ -309,6 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["mount-shm"]:
         return mount_shm(build_mount_parser().parse_args(arguments[1:]).dry_run)
+    if arguments[:1] == ["unmount-shm"] and len(arguments) == 3 and arguments[1].isdigit():
+        return unmount_shm(int(arguments[1]), Path(arguments[2]))
     parser = build_parser()
     args = parser.parse_args(arguments)
     if args.metrics_address is not None:

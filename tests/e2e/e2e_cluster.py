@@ -1,0 +1,425 @@
+"""A real cluster for end-to-end scenarios: bring it up and down, load the images, run helm and kubectl, wait.
+
+Two backends share one interface, so every scenario runs on both:
+
+- `KitCluster`: the k8s kit's single node on this machine (`<repo>/../shared/k8s`: setup.sh, node-up.sh,
+  down.sh, helm.py), images built without a container engine (scripts/kit_images.py). Needs root. The
+  node exists once per machine, so `node_lock()` serialises every user of it.
+- `KindCluster`: a kind cluster on a machine with Docker (tests/e2e/run.sh), images from the Dockerfiles.
+
+Scenarios only use the methods of `Cluster`: `helm`, `kubectl`, `wait_for`, `allocatable`, `host`
+(a shell on the node, for the stand-in NVML's state and the MPS root), `restart_kubelet`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "nvidia-device-plugin"
+NODE_LOCK = Path("/tmp/nvdp-kit-node.lock")
+GPU = "nvidia.com/gpu"
+# The stand-in NVML's node-wide state, below the chart's default mps.root (the images set
+# NVML_SIM_STATE_DIR=/mps/nvml-sim; both DaemonSets mount mps.root at /mps).
+MPS_ROOT = "/run/nvidia/mps"
+SIM_STATE_DIR = f"{MPS_ROOT}/nvml-sim"
+T = TypeVar("T")
+
+
+class ClusterUnavailable(RuntimeError):
+    """The cluster could not be brought up: the suite skips, loudly (infrastructure, not product)."""
+
+
+@dataclass(frozen=True)
+class Images:
+    plugin: str  # full references, e.g. docker.io/local/nvdp-plugin-sim-t4:0.1.0-abc
+    mps_daemon: str
+    # docker-archive of each image by name ("plugin", "mps-daemon"), where the backend keeps one
+    archives: dict[str, Path] = field(default_factory=dict)
+
+    def helm_args(self) -> list[str]:
+        """Values that point the chart (and its `helm test` pod) at these local images."""
+        plugin_repo, plugin_tag = self.plugin.rsplit(":", 1)
+        mps_repo, mps_tag = self.mps_daemon.rsplit(":", 1)
+        return [
+            "--set", f"image.repository={plugin_repo}", "--set-string", f"image.tag={plugin_tag}",
+            "--set", "image.pullPolicy=Never",
+            "--set", f"mpsImage.repository={mps_repo}", "--set-string", f"mpsImage.tag={mps_tag}",
+            "--set", f"tests.image.repository={plugin_repo}", "--set-string", f"tests.image.tag={plugin_tag}",
+            "--set", "tests.image.pullPolicy=Never",
+        ]  # fmt: skip
+
+
+@dataclass
+class Timings:
+    """Seconds per (scenario, step); printed as a table at the end, never asserted."""
+
+    rows: list[tuple[str, str, float]] = field(default_factory=list)
+
+    def add(self, scenario: str, step: str, seconds: float) -> None:
+        self.rows.append((scenario, step, seconds))
+
+    @contextlib.contextmanager
+    def measure(self, scenario: str, step: str) -> Iterator[None]:
+        start = time.monotonic()
+        yield
+        self.add(scenario, step, time.monotonic() - start)
+
+    def table(self) -> str:
+        lines = ["| scenario | step | seconds |", "|---|---|---|"]
+        lines += [f"| {scenario} | {step} | {seconds:.1f} |" for scenario, step, seconds in self.rows]
+        return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def node_lock(timeout_s: float) -> Iterator[None]:
+    """The kit's node is one per machine: hold its lock (the same file `flock` uses) for the whole run."""
+    with open(NODE_LOCK, "a") as handle:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ClusterUnavailable(
+                        f"another user held {NODE_LOCK} for more than {timeout_s:.0f} s"
+                    ) from None
+                time.sleep(2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class Cluster:
+    """What scenarios need from a cluster; the backends below fill in the commands."""
+
+    node: str = ""
+
+    # --- backend specifics
+    def setup(self) -> None:
+        """Install what the backend needs (idempotent)."""
+        raise NotImplementedError
+
+    def up(self) -> None:
+        raise NotImplementedError
+
+    def down(self) -> None:
+        raise NotImplementedError
+
+    def build_images(self, profile: str) -> Images:
+        """Build the images with the stand-ins for `profile` and make them available to the node."""
+        raise NotImplementedError
+
+    def kubectl_argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def helm_argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def host_argv(self, script: str) -> list[str]:
+        raise NotImplementedError
+
+    def restart_kubelet(self) -> None:
+        raise NotImplementedError
+
+    # --- shared
+    def _run(
+        self, argv: Sequence[str], check: bool, timeout: float, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=timeout,
+                              check=False)  # fmt: skip
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"`{shlex.join(argv)}` failed (exit {done.returncode}):\n"
+                f"{done.stderr[-3000:]}{done.stdout[-1500:]}"
+            )
+        return done
+
+    def kubectl(
+        self, *args: str, check: bool = True, timeout: float = 60, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self._run([*self.kubectl_argv(), *args], check, timeout, stdin)
+
+    def kubectl_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]]) -> None:
+        items = manifest if isinstance(manifest, list) else [manifest]
+        self.kubectl(
+            "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+        )
+
+    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return self._run([*self.helm_argv(), *args], check, timeout)
+
+    def host(self, script: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """A shell command on the node itself (not in a pod)."""
+        return self._run(self.host_argv(script), check, 60)
+
+    def node_object(self) -> Any:
+        return self.kubectl_json("get", "node", self.node)
+
+    def allocatable(self, resource: str = GPU) -> int | None:
+        value = self.node_object()["status"].get("allocatable", {}).get(resource)
+        return None if value is None else int(value)
+
+    def label(self, labels: dict[str, str | None]) -> None:
+        """Set (a value) or remove (None) labels of the node."""
+        args = [f"{k}-" if v is None else f"{k}={v}" for k, v in labels.items()]
+        self.kubectl("label", "node", self.node, "--overwrite", *args)
+
+    def wait_for(self, what: str, probe: Callable[[], T | None], timeout: float = 90, every: float = 0.5,
+                 diagnose: Callable[[], str] | None = None) -> tuple[T, float]:  # fmt: skip
+        """Polls `probe` until it returns other than None/False; returns that and the seconds taken."""
+        start = time.monotonic()
+        last: T | None = None
+        while True:
+            last = probe()
+            if last is not None and last is not False:
+                return last, time.monotonic() - start
+            if time.monotonic() - start > timeout:
+                detail = diagnose() if diagnose else ""
+                raise AssertionError(
+                    f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\n{detail}"
+                )
+            time.sleep(every)
+
+    def wait_allocatable(self, count: int, timeout: float = 90, namespace: str | None = None) -> float:
+        def probe() -> bool:
+            return self.allocatable() == count
+
+        def diagnose() -> str:
+            return f"allocatable {GPU}: {self.allocatable()}\n" + (self.logs(namespace) if namespace else "")
+
+        return self.wait_for(f"allocatable {GPU} = {count}", probe, timeout, diagnose=diagnose)[1]
+
+    def pods(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:
+        args = ["get", "pods", "-n", namespace] + (["-l", selector] if selector else [])
+        items: list[dict[str, Any]] = self.kubectl_json(*args)["items"]
+        return items
+
+    def logs(self, namespace: str, selector: str = "app.kubernetes.io/name=nvidia-device-plugin",
+             tail: int = 60) -> str:  # fmt: skip
+        """The recent log of every container of matching pods, for failure messages and log checks."""
+        out = []
+        for pod in self.pods(namespace, selector):
+            name = pod["metadata"]["name"]
+            for container in pod["spec"]["containers"]:
+                done = self.kubectl("logs", "-n", namespace, name, "-c", container["name"], f"--tail={tail}",
+                                    check=False)  # fmt: skip
+                out.append(f"--- {name}/{container['name']}\n{done.stdout}{done.stderr}")
+        return "\n".join(out)
+
+    def exec(self, namespace: str, pod: str, *argv: str) -> str:
+        return self.kubectl("exec", "-n", namespace, pod, "--", *argv).stdout
+
+    def inject_xid(self, uuid: str, xid: int) -> None:
+        """An XID event on the stand-in NVML of the node, as the driver would report it."""
+        self.host(f"mkdir -p {SIM_STATE_DIR} && echo '{uuid} {xid}' >> {SIM_STATE_DIR}/events")
+
+
+class KitCluster(Cluster):
+    """The k8s kit's full node on this machine (root; the kit at `<repo>/../shared/k8s`)."""
+
+    def __init__(self, kit: Path, k8s_dir: Path) -> None:
+        self.kit = kit
+        self.k8s_dir = k8s_dir
+        self.env = {**os.environ, "K8S_DIR": str(k8s_dir), "KUBECONFIG": str(k8s_dir / "admin.kubeconfig")}
+
+    @staticmethod
+    def find_kit() -> Path | None:
+        configured = os.environ.get("NVDP_K8S_KIT")
+        kit = Path(configured) if configured else ROOT.parent / "shared" / "k8s"
+        return kit if (kit / "node-up.sh").exists() else None
+
+    def script(self, name: str, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> str:
+        argv = ["bash", str(self.kit / name), *args]
+        done = subprocess.run(argv, capture_output=True, text=True, env={**self.env, **(env or {})},
+                              timeout=timeout, check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise ClusterUnavailable(
+                f"{name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}{done.stdout[-2000:]}"
+            )
+        return done.stdout
+
+    def setup(self) -> None:
+        self.script("setup.sh")
+
+    def up(self) -> None:
+        # FRESH: whatever someone else left in etcd (fake nodes, releases) is not ours to trust.
+        self.script("node-up.sh", env={"FRESH": "1"})
+        self.node = (self.k8s_dir / "node-name").read_text().strip()
+
+    def down(self) -> None:
+        self.script("down.sh")
+
+    def kubectl_argv(self) -> list[str]:
+        return [
+            str(self.k8s_dir / "venv/bin/kubectl"),
+            "--kubeconfig",
+            str(self.k8s_dir / "admin.kubeconfig"),
+        ]
+
+    def helm_argv(self) -> list[str]:
+        return [str(self.k8s_dir / "venv/bin/python"), str(self.kit / "helm.py"),
+                "--kubeconfig", str(self.k8s_dir / "admin.kubeconfig")]  # fmt: skip
+
+    def host_argv(self, script: str) -> list[str]:
+        return ["bash", "-c", script]
+
+    def build_images(self, profile: str) -> Images:
+        sys.path.insert(0, str(ROOT / "scripts"))
+        import kit_images
+
+        os.environ.setdefault("K8S_DIR", str(self.k8s_dir))
+        try:
+            built = kit_images.build_images(self.kit, stand_ins=profile, log=False)
+        except kit_images.BuildError as err:
+            raise AssertionError(f"building the images failed: {err}") from err
+        return Images(
+            plugin=built["plugin"].ref,
+            mps_daemon=built["mps-daemon"].ref,
+            archives={name: image.archive for name, image in built.items()},
+        )
+
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet (its pid as the kit recorded it) and start it again through node-up.sh."""
+        pid_file = self.k8s_dir / "run" / "kubelet.pid"
+        pid = int(pid_file.read_text())
+        os.kill(pid, 15)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.script("node-up.sh")
+
+
+class KindCluster(Cluster):
+    """A kind cluster (Docker); images built with docker from images/ and tests/e2e/Dockerfile.sim."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.node = f"{name}-control-plane"
+
+    def kubectl_argv(self) -> list[str]:
+        return ["kubectl", "--context", f"kind-{self.name}"]
+
+    def helm_argv(self) -> list[str]:
+        return ["helm", "--kube-context", f"kind-{self.name}"]
+
+    def host_argv(self, script: str) -> list[str]:
+        return ["docker", "exec", self.node, "sh", "-c", script]
+
+    def restart_kubelet(self) -> None:
+        self.host("systemctl restart kubelet")
+
+    def setup(self) -> None:
+        return None
+
+    def up(self) -> None:
+        clusters = subprocess.run(["kind", "get", "clusters"], capture_output=True, text=True, check=False)
+        if self.name not in clusters.stdout.split():
+            self._run(["kind", "create", "cluster", "--name", self.name, "--wait", "120s"], True, 300)
+
+    def down(self) -> None:
+        if not os.environ.get("KEEP_CLUSTER"):
+            self._run(["kind", "delete", "cluster", "--name", self.name], False, 120)
+
+    def build_images(self, profile: str) -> Images:
+        tag = "e2e"
+        refs = {}
+        for name in ("plugin", "mps-daemon"):
+            base = f"nvdp-{name}:{tag}"
+            ref = f"nvdp-{name}-sim-{profile}:{tag}"
+            self._run(["docker", "build", "-q", "-f", str(ROOT / "images" / name / "Dockerfile"), "-t", base,
+                       str(ROOT)], True, 900)  # fmt: skip
+            self._run(["docker", "build", "-q", "-f", str(ROOT / "tests/e2e/Dockerfile.sim"),
+                       "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"PROFILE={profile}", "-t", ref,
+                       str(ROOT)], True, 900)  # fmt: skip
+            self._run(["kind", "load", "docker-image", "--name", self.name, ref], True, 300)
+            refs[name] = f"docker.io/library/{ref}"
+        return Images(plugin=refs["plugin"], mps_daemon=refs["mps-daemon"])
+
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@dataclass
+class Release:
+    """One helm release of the chart, installed as a user types it, with the suite's images."""
+
+    cluster: Cluster
+    images: Images
+    name: str
+    namespace: str
+
+    @property
+    def selector(self) -> str:
+        return f"app.kubernetes.io/instance={self.name}"
+
+    def _values(self, args: Sequence[str]) -> list[str]:
+        return [
+            "-n",
+            self.namespace,
+            "-f",
+            str(DATA / "values-stand-ins.yaml"),
+            *self.images.helm_args(),
+            *args,
+        ]
+
+    def install(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.cluster.helm("install", self.name, str(CHART), "--create-namespace", *self._values(args),
+                                 "--wait", "--timeout", "180s", check=check)  # fmt: skip
+
+    def upgrade(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.cluster.helm("upgrade", self.name, str(CHART), *self._values(args), "--wait",
+                                 "--timeout", "180s")  # fmt: skip
+
+    def uninstall(self) -> None:
+        self.cluster.helm("uninstall", self.name, "-n", self.namespace, "--wait", check=False)
+
+    def pods(self, component: str = "") -> list[dict[str, Any]]:
+        selector = self.selector + (f",app.kubernetes.io/component={component}" if component else "")
+        return self.cluster.pods(self.namespace, selector)
+
+    def daemonsets(self) -> list[str]:
+        items = self.cluster.kubectl_json("get", "daemonsets", "-n", self.namespace, "-l", self.selector)[
+            "items"
+        ]
+        return sorted(item["metadata"]["name"] for item in items)
+
+    def logs(self, component: str = "device-plugin") -> str:
+        return self.cluster.logs(self.namespace, f"{self.selector},app.kubernetes.io/component={component}")
+
+
+def gpu_pod(name: str, image: str, gpus: int = 1, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A workload pod asking for `gpus` nvidia.com/gpu that just sleeps (exec into it to look around)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"nvdp-e2e": "workload", **(labels or {})}},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            "containers": [{
+                "name": "cuda",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "infinity"],
+                "resources": {"limits": {GPU: str(gpus)}},
+            }],
+        },
+    }  # fmt: skip

@@ -1,0 +1,159 @@
+"""Seed 004 on a real node: a T4 shared with MPS (10 replicas), installed with the user's own values.
+
+One release walks through a node's life, in order: the MPS daemon is gated until the node is labelled,
+then 10 replicas; pods get the MPS pipe and /dev/shm; the 11th pod waits; the kubelet restarts; an XID
+takes the GPU away and a SIGHUP re-plan brings it back; an upgrade switches to time-slicing; uninstall
+leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from .e2e_cluster import DATA, GPU, MPS_ROOT, Cluster, Images, Release, Timings, gpu_pod
+
+SCENARIO = "seed 004 (MPS x10)"
+pytestmark = pytest.mark.incremental
+T4_UUID = "GPU-a4d98c34-f034-41fa-9519-b5bab976e4df"
+MPS_LABEL = "nvidia.com/mps.capable"
+WORKLOADS = "nvdp-e2e=workload"
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster, images: Images) -> Iterator[Release]:
+    # seed 004's own affinity: nodes labelled serverType=gpu
+    cluster.label({"serverType": "gpu", MPS_LABEL: None})
+    release = Release(cluster, images, "nvdp", "nvdp-e2e-mps")
+    yield release
+    cluster.kubectl("delete", "pods", "-n", "default", "-l", WORKLOADS, "--grace-period=0", "--wait=false",
+                    check=False)  # fmt: skip
+    release.uninstall()
+    cluster.label({"serverType": None, MPS_LABEL: None})
+    cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
+
+
+def test_install_with_seed_values_gates_the_mps_daemon(
+    cluster: Cluster, release: Release, timings: Timings
+) -> None:
+    with timings.measure(SCENARIO, "helm install --wait (-f values, --set-file config)"):
+        config = f"config.map.config={DATA / 'seed-004-config.yaml'}"
+        done = release.install("-f", str(DATA / "seed-004-values.yaml"), "--set-file", config)
+    assert f"kubectl label node <node> {MPS_LABEL}=true" in done.stdout, (
+        "NOTES say how to start the MPS daemon"
+    )
+    assert not release.pods("mps-control-daemon"), "no node is labelled for MPS yet"
+    wanted = f"fix: kubectl label node {cluster.node} {MPS_LABEL}=true"
+    _, seconds = cluster.wait_for("the plugin to say why it waits", lambda: wanted in release.logs(), 60,
+                                  diagnose=release.logs)  # fmt: skip
+    timings.add(SCENARIO, "installed -> plugin log names the label", seconds)
+    assert cluster.allocatable() in (None, 0)
+
+
+def test_labelling_the_node_gives_10(cluster: Cluster, release: Release, timings: Timings) -> None:
+    cluster.label({MPS_LABEL: "true"})
+    timings.add(
+        SCENARIO, "label -> allocatable 10", cluster.wait_allocatable(10, namespace=release.namespace)
+    )
+    (daemon,) = release.pods("mps-control-daemon")
+    assert daemon["status"]["phase"] == "Running"
+    # The tmpfs MPS clients share, mounted in the host's mount namespace (no Bidirectional propagation).
+    assert f" {MPS_ROOT}/shm tmpfs " in cluster.host("cat /proc/mounts").stdout
+
+
+def test_pods_get_the_mps_env_and_mounts(cluster: Cluster, release: Release, images: Images) -> None:
+    cluster.apply(gpu_pod("mps-client-0", images.plugin))
+    cluster.kubectl("wait", "--for=condition=Ready", "pod/mps-client-0", "--timeout=60s")
+    env = cluster.exec("default", "mps-client-0", "env")
+    assert f"CUDA_MPS_PIPE_DIRECTORY=/mps/{GPU}/pipe" in env.splitlines()
+    assert f"NVIDIA_VISIBLE_DEVICES={T4_UUID}" in env.splitlines()
+    mounts = cluster.exec("default", "mps-client-0", "cat", "/proc/mounts")
+    targets = {line.split()[1] for line in mounts.splitlines()}
+    assert f"/mps/{GPU}/pipe" in targets and "/dev/shm" in targets, mounts
+    (shm,) = [line.split() for line in mounts.splitlines() if line.split()[1] == "/dev/shm"]
+    assert shm[2] == "tmpfs" and "size=65536k" not in shm[3], "the MPS tmpfs, not the pod's own 64 MiB one"
+    listing = cluster.exec("default", "mps-client-0", "ls", f"/mps/{GPU}/pipe")
+    assert "control" in listing.split(), "the daemon's control socket is in the pod's pipe directory"
+
+
+def test_ten_pods_run_and_the_eleventh_waits(cluster: Cluster, release: Release, images: Images,
+                                             timings: Timings) -> None:  # fmt: skip
+    with timings.measure(SCENARIO, "10 more pods created -> 10 Running, 1 Pending"):
+        cluster.apply([gpu_pod(f"mps-client-{i}", images.plugin) for i in range(1, 11)])
+
+        def settled() -> tuple[int, list[str]] | None:
+            pods = cluster.pods("default", WORKLOADS)
+            running = sum(p["status"].get("phase") == "Running" for p in pods)
+            pending = [
+                p["metadata"]["name"]
+                for p in pods
+                if p["status"].get("phase") == "Pending"
+                and any(c.get("reason") == "Unschedulable" for c in p["status"].get("conditions", []))
+            ]
+            return (running, pending) if running == 10 and len(pending) == 1 else None
+
+        cluster.wait_for("10 Running and 1 Pending", settled, timeout=120)
+    events = cluster.kubectl(
+        "get", "events", "-n", "default", "--field-selector", "reason=FailedScheduling"
+    ).stdout
+    assert f"Insufficient {GPU}" in events
+
+
+def test_kubelet_restart_gives_10_again(cluster: Cluster, release: Release, timings: Timings) -> None:
+    with timings.measure(SCENARIO, "kubelet restart (stop + node-up.sh)"):
+        cluster.restart_kubelet()
+    timings.add(
+        SCENARIO, "kubelet back -> allocatable 10", cluster.wait_allocatable(10, namespace=release.namespace)
+    )
+
+
+def test_an_xid_takes_the_gpu_away(cluster: Cluster, release: Release, timings: Timings) -> None:
+    cluster.inject_xid(T4_UUID, 48)
+    timings.add(SCENARIO, "XID 48 -> allocatable 0", cluster.wait_allocatable(0, namespace=release.namespace))
+    # Just after a kubelet restart the API server may not reach the kubelet's log endpoint yet.
+    cluster.wait_for("the plugin to log the XID", lambda: "XID 48" in release.logs(), 30, every=1)
+
+
+def test_sighup_replan_clears_the_xid(cluster: Cluster, release: Release, timings: Timings) -> None:
+    # A re-plan starts health checks afresh: the stand-in, like NVML, does not deliver the old XID again.
+    (plugin,) = release.pods("device-plugin")
+    with timings.measure(SCENARIO, "SIGHUP (re-plan) -> allocatable 10"):
+        cluster.exec(release.namespace, plugin["metadata"]["name"], "bash", "-c", "kill -HUP 1")
+        cluster.wait_allocatable(10, namespace=release.namespace)
+    assert cluster.allocatable() == 10
+
+
+def test_upgrade_to_time_slicing(cluster: Cluster, release: Release, timings: Timings) -> None:
+    cluster.kubectl("delete", "pods", "-n", "default", "-l", WORKLOADS, "--grace-period=0")
+    with timings.measure("upgrade to time-slicing x4", "helm upgrade --wait"):
+        release.upgrade("-f", str(DATA / "seed-004-values.yaml"),
+                        "--set-file", f"config.map.config={DATA / 'time-slicing-4.yaml'}")  # fmt: skip
+    timings.add(
+        "upgrade to time-slicing x4",
+        "upgraded -> allocatable 4",
+        cluster.wait_allocatable(4, namespace=release.namespace),
+    )
+    cluster.wait_for("the MPS daemon's pods to go", lambda: not release.pods("mps-control-daemon"), 60)
+    assert not [name for name in release.daemonsets() if "mps" in name]
+
+
+def test_uninstall_leaves_nothing_behind(cluster: Cluster, release: Release, timings: Timings) -> None:
+    with timings.measure(SCENARIO, "helm uninstall --wait -> no pods"):
+        release.uninstall()
+        cluster.wait_for("the release's pods to go", lambda: not release.pods(), 60)
+    left = cluster.kubectl("get", "all,configmaps,serviceaccounts,networkpolicies", "-n", release.namespace,
+                           "-l", release.selector, "-o", "name").stdout  # fmt: skip
+    assert left.strip() == ""
+    sockets = cluster.host("ls /var/lib/kubelet/device-plugins").stdout.split()
+    assert [s for s in sockets if s != "kubelet.sock" and not s.startswith("kubelet_internal")] == []
+    # The MPS daemon's tmpfs, pipe and readiness marker are gone; its bounded log and status, the empty
+    # folders the kubelet made for the hostPath volumes and the stand-in NVML's state stay, as the chart
+    # README says.
+    mounts = cluster.host(f"grep ' {MPS_ROOT}/' /proc/mounts || true").stdout
+    assert mounts.strip() == "", mounts
+    listing = cluster.host(f"cd {MPS_ROOT} && find . -mindepth 1 -not -path './nvml-sim/*'").stdout
+    host_left = set(listing.split())
+    kept = {f"./{GPU}/status.json", f"./{GPU}/log"}
+    assert host_left <= {"./shm", "./nvml-sim", "./nvidia.com", f"./{GPU}", *kept,
+                         f"./{GPU}/log/control.log", f"./{GPU}/log/control.log.1"}, host_left  # fmt: skip
