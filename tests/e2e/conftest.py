@@ -1,4 +1,4 @@
-"""The end-to-end suite's shared set-up: one cluster for the whole run, images, timings.
+"""The end-to-end suite's shared set-up: one cluster for the whole package, images, timings.
 
 Backend: NVDP_E2E_CLUSTER=kit (default; the k8s kit's node, root and `<repo>/../shared/k8s` needed) or
 kind (tests/e2e/run.sh). Without what the backend needs every test here skips with the reason. The node is
@@ -56,7 +56,9 @@ def _backend() -> Cluster:
     return KitCluster(kit, Path(os.environ.get("K8S_DIR", "/tmp/nvdp-k8s")))
 
 
-@pytest.fixture(scope="session")
+# Package scope: the node goes down (and its lock is released) right after the last test here, not at
+# the end of the whole session.
+@pytest.fixture(scope="package")
 def cluster() -> Iterator[Cluster]:
     backend = _backend()
     with contextlib.ExitStack() as stack:
@@ -84,7 +86,7 @@ def _tear_down(backend: Cluster) -> None:
     _finished.append(time.monotonic())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def images(cluster: Cluster) -> Images:
     with TIMINGS.measure("set-up", f"images (stand-ins, profile {PROFILE})"):
         return cluster.build_images(PROFILE)
@@ -144,5 +146,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     total = (_finished[0] if _finished else time.monotonic()) - _started[0]
     terminalreporter.write_sep("-", f"end-to-end timings (seconds; the suite took {total:.0f} s)")
     terminalreporter.write_line(TIMINGS.table())
-    if os.environ.get("NVDP_E2E_RECORD", "1") != "0":
+    if os.environ.get("NVDP_E2E_RECORD") == "1":
         _record(total)

@@ -10,5 +10,5 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 . "$ROOT/scripts/venv.sh"
 cd "$ROOT"
-export NVDP_E2E_CLUSTER=kind CLUSTER="${CLUSTER:-nvdp-e2e}" PROFILE="${PROFILE:-t4}" NVDP_E2E_RECORD=0
+export NVDP_E2E_CLUSTER=kind CLUSTER="${CLUSTER:-nvdp-e2e}" PROFILE="${PROFILE:-t4}"
 exec pytest -v tests/e2e "$@"
