@@ -63,10 +63,26 @@ def kubelet_restart() -> None:
         _series.KUBELET_RESTARTS.inc()
 
 
+# Allocate's labelled series per resource, looked up once: labels() takes a lock and builds a key.
+_allocate_series: dict[str, tuple[Any, Any, Any]] = {}
+
+
+def _allocate_children(resource: str) -> tuple[Any, Any, Any]:
+    children = _allocate_series.get(resource)
+    if children is None:
+        m = _series
+        assert m is not None
+        children = (m.ALLOCATIONS.labels(resource), m.ALLOCATION_DEVICES.labels(resource),
+                    m.ALLOCATE_DURATION.labels(resource))
+        _allocate_series[resource] = children
+    return children
+
+
 def allocated(resource: str, devices: int) -> None:
     if _series is not None:
-        _series.ALLOCATIONS.labels(resource).inc()
-        _series.ALLOCATION_DEVICES.labels(resource).observe(devices)
+        count, sizes, _ = _allocate_children(resource)
+        count.inc()
+        sizes.observe(devices)
 
 
 def allocation_refused(resource: str, reason: str) -> None:
@@ -76,7 +92,7 @@ def allocation_refused(resource: str, reason: str) -> None:
 
 def allocate_duration(resource: str, seconds: float) -> None:
     if _series is not None:
-        _series.ALLOCATE_DURATION.labels(resource).observe(seconds)
+        _allocate_children(resource)[2].observe(seconds)
 
 
 def xid(gpu: str, code: int, action: str) -> None:
