@@ -20,6 +20,7 @@ import json
 import os
 import random
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nvdp.kube import NodeLabels, NodeWatcher, connect, patch_node_labels
+from nvdp.kube.watch import WATCH_TIMEOUT_RANGE_S
 from tests.kube.envtest import ControlPlane, unavailable_reason
 
 LABEL = "nvidia.com/device-plugin.config"
@@ -117,8 +119,13 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--flip-every", type=float, default=30.0, help="seconds between label flips")
     parser.add_argument("--flip-count", type=int, default=2, help="nodes flipped each time")
+    parser.add_argument("--watch-timeout", type=int, nargs=2, metavar=("MIN", "MAX"),
+                        default=list(WATCH_TIMEOUT_RANGE_S),
+                        help="server-side watch timeout range in seconds (the plugin's by default)")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = parser.parse_args()
+    # SIGTERM ends the run through `finally`, so the throwaway API server and etcd are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     reason = unavailable_reason()
     if reason:
         print(f"cannot run: {reason}", file=sys.stderr)
@@ -164,7 +171,8 @@ def main() -> int:
         for name in names:
             callback = make_callback(name)
             assert callable(callback)
-            watcher = NodeWatcher(connect(plane.admin_kubeconfig), name, callback)
+            watcher = NodeWatcher(connect(plane.admin_kubeconfig), name, callback,
+                                  watch_timeout_range_s=(args.watch_timeout[0], args.watch_timeout[1]))
             watcher.start()
             watchers.append(watcher)
         for _ in names:

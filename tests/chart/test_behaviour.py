@@ -253,6 +253,14 @@ def test_images_default_to_app_version_and_are_independent() -> None:
     assert (mps["image"], mps["imagePullPolicy"]) == ("example.com/mps:v9", "Always")
 
 
+def test_notes_tell_how_to_switch_a_node_with_per_node_config() -> None:
+    notes = render({"config": {"map": {"ts": TS_CONFIG, "mps": MPS_CONFIG}, "default": "ts"}}).notes
+    assert "(entries: mps, ts); unlabelled nodes run\nentry \"ts\"" in notes
+    assert "kubectl label node <node> nvidia.com/device-plugin.config=<entry> --overwrite" in notes
+    assert "mounted at /config/config.yaml" not in notes
+    assert "mounted at /config/config.yaml" in render({"config": {"map": {"ts": TS_CONFIG}}}).notes
+
+
 @pytest.mark.parametrize("values", [{}, {"config": {"map": {"c": MPS_CONFIG}}}])
 def test_no_api_access_is_granted_with_one_config_and_no_events(values: dict[str, Any]) -> None:
     rendered = render({**values, "events": {"enabled": False}})

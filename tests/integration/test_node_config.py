@@ -4,6 +4,7 @@ kube-apiserver whose Node label picks the config entry."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -159,4 +160,46 @@ def test_api_server_unreachable_at_start_still_serves(
     plugin.start()
     kubelet.wait_for_resource("nvidia.com/t4", count=8, healthy=8, timeout=20)
     plugin.wait_for_log("API server unreachable")
+    assert plugin.stop() == 0, plugin.log
+
+
+def test_plugin_keeps_serving_while_the_api_server_is_down_and_follows_the_label_after(
+        make_plugin: MakePlugin, kubelet: KubeletSim, kube_api_private: ControlPlane, tmp_path: Path) -> None:
+    plane = kube_api_private
+    node_name = f"gpu-{uuid.uuid4().hex[:8]}"
+    plane.create_node(node_name)
+    root = entries_dir(tmp_path, ENTRIES)
+    plugin, _node = make_plugin("mixed-4", CONFIG_DIR=str(root), DEFAULT_CONFIG="plain", NODE_NAME=node_name,
+                                KUBECONFIG=str(plane.admin_kubeconfig))
+    plugin.start()
+    kubelet.wait_for_resource("nvidia.com/t4", count=2, healthy=2, timeout=15)
+    plane.kill_apiserver()
+    plugin.wait_for_log("API server unreachable", timeout=15)
+    assert len(kubelet.devices("nvidia.com/t4")) == 2
+    assert plugin.proc is not None and plugin.proc.poll() is None
+    plane.start_apiserver()
+    plane.kubectl("label", "node", node_name, f"{LABEL}=ts-t4")
+    kubelet.wait_for_resource("nvidia.com/t4", count=8, healthy=8, timeout=60)
+    # SIGHUP in per-node mode chooses again and reloads, keeping the labelled entry.
+    plugin.signal(signal.SIGHUP)
+    plugin.wait_for_log("Received SIGHUP; config entry 'ts-t4' (from label)")
+    assert len(kubelet.devices("nvidia.com/t4")) == 8
+    assert plugin.stop() == 0, plugin.log
+
+
+def test_invalid_labelled_entry_at_start_serves_the_default_and_records_why(
+        make_plugin: MakePlugin, kubelet: KubeletSim, kube_api: ControlPlane, tmp_path: Path) -> None:
+    node_name = f"gpu-{uuid.uuid4().hex[:8]}"
+    kube_api.create_node(node_name, {LABEL: "broken"})
+    root = entries_dir(tmp_path, ENTRIES)
+    plugin, _node = make_plugin("mixed-4", CONFIG_DIR=str(root), DEFAULT_CONFIG="ts-t4", NODE_NAME=node_name,
+                                KUBECONFIG=str(kube_api.admin_kubeconfig))
+    plugin.start()
+    kubelet.wait_for_resource("nvidia.com/t4", count=8, healthy=8, timeout=15)
+    plugin.wait_for_log("starting with entry 'ts-t4' (from config.default) instead")
+    wait_for(lambda: any(e["reason"] == "InvalidConfig" for e in node_events(kube_api, node_name)), 10,
+             "InvalidConfig event")
+    # The same broken entry is not retried on every wake-up, but a label change is followed.
+    kube_api.kubectl("label", "node", node_name, f"{LABEL}=plain", "--overwrite")
+    kubelet.wait_for_resource("nvidia.com/t4", count=2, healthy=2, timeout=15)
     assert plugin.stop() == 0, plugin.log

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,57 @@ def test_backoff_doubles_to_its_cap_with_jitter_and_resets() -> None:
     assert backoff.next() == 1.0
     low = Backoff(1.0, 8.0, rand=lambda: 0.0)
     assert [low.next() for _ in range(3)] == [0.5, 1.0, 2.0]
+
+
+class Listed(list[object]):
+    def __init__(self, items: list[object], resource_version: str) -> None:
+        super().__init__(items)
+        self.resourceVersion = resource_version
+
+
+class GoneOnceClient:
+    """Stands in for the API server only where a real one cannot be made to answer 410 on demand
+    (its watch cache serves old resourceVersions while it can): the first watch fails with 410 Gone."""
+
+    def __init__(self, node: str) -> None:
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Node
+
+        self.gets = 0
+        self.watches: list[str | None] = []
+        self._node = Node(metadata=ObjectMeta(name=node, uid="u", resourceVersion="5",
+                                              labels={CONFIG_LABEL: "a"}))
+        self._changed = Node(metadata=ObjectMeta(name=node, uid="u", resourceVersion="9",
+                                                 labels={CONFIG_LABEL: "b"}))
+        self.closed = threading.Event()
+
+    def list(self, res: object, fields: object) -> Listed:
+        self.gets += 1
+        return Listed([self._node], "7")
+
+    def watch(self, res: object, **kwargs: object) -> Iterator[tuple[str, object]]:
+        from lightkube.models.meta_v1 import Status
+
+        self.watches.append(str(kwargs.get("resource_version")))
+        if len(self.watches) == 1:
+            gone = Status(code=410, reason="Expired", message="too old resource version: 5 (8)")
+            raise ApiError(status=gone)
+        yield "MODIFIED", self._changed
+        self.closed.wait()
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_410_gone_starts_over_with_a_fresh_get(caplog: pytest.LogCaptureFixture) -> None:
+    client = GoneOnceClient("n")
+    seen = Seen()
+    watcher = NodeWatcher(client, "n", seen, backoff=Backoff(0.01, 0.02))  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="nvdp.kube"):
+        watcher.start()
+        seen.wait_for(lambda s: s.get(CONFIG_LABEL) == "b")
+        watcher.stop()
+    # Each watch starts at the list's resourceVersion (7), not the Node's own (5).
+    assert client.gets == 2 and client.watches == ["7", "7"]
+    assert [s[CONFIG_LABEL] for s in seen.states] == ["a", "b"]
+    assert any("410 Expired: too old resource version" in r.getMessage() for r in caplog.records)

@@ -35,6 +35,21 @@ def get_node_labels(client: Client, name: str) -> NodeLabels:
     return node_labels(client.get(Node, name=name))
 
 
+def list_node(client: Client, name: str) -> tuple[NodeLabels, str]:
+    """The Node (by name) and the list's resourceVersion, the point to start a watch from.
+
+    A missing Node raises lightkube's ApiError with code 404, like a GET would.
+    """
+    from lightkube.core.exceptions import ApiError
+    from lightkube.models.meta_v1 import Status
+
+    found = client.list(Node, fields={"metadata.name": name})
+    nodes = [node_labels(n) for n in found]
+    if not nodes:
+        raise ApiError(status=Status(code=404, reason="NotFound", message=f'nodes "{name}" not found'))
+    return nodes[0], found.resourceVersion
+
+
 def patch_node_labels(client: Client, name: str, labels: Mapping[str, str | None]) -> NodeLabels:
     """Set labels (value) or remove them (None) in one merge patch; only `nvidia.com/*` keys are allowed."""
     foreign = sorted(key for key in labels if not key.startswith(OWNED_LABEL_PREFIX))

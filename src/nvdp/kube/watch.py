@@ -1,11 +1,15 @@
-"""Follow one Node's labels: GET it, then watch it by name, and start over after any failure.
+"""Follow one Node's labels: list it by name, watch it from there, and start over after any failure.
 
-The watch asks the API server for one object (field selector `metadata.name`), which it serves from
-its watch cache: no list of all Nodes, no periodic re-list. A server-side timeout ends each watch
-request; lightkube then re-opens it from the last resourceVersion seen. When anything fails (API
-server restarted, 410 Gone, connection refused or dropped) the watcher waits with exponential back-off
-and jitter, then GETs the Node again, so a change missed in between is still seen. The callback gets
-every label state, including the first; while the API is unreachable it is simply not called.
+Both requests select the one Node by name (field selector `metadata.name`), so the API server
+answers from its watch cache: no list of all Nodes. The watch starts at the list's resourceVersion
+(the collection's, which is current, not the Node's own, which can be hours old on a quiet node).
+
+A server-side timeout (randomised, 15-30 min) ends each watch request; lightkube re-opens it from
+the last resourceVersion it saw. On a quiet Node that version has usually left the watch cache, so
+the server answers 410 Gone: the expected end of a watch cycle, answered at once with a new list.
+Any other failure (API server restarted, connection refused or dropped) waits with exponential
+back-off and jitter first, and so does a 410 that follows a fresh list (no busy loop). The callback
+gets every label state, including the first; while the API is unreachable it is simply not called.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 
 import httpx2
@@ -21,13 +26,17 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import GenericGlobalResource
 from lightkube.resources.core_v1 import Node
 
-from nvdp.kube.node import NodeLabels, get_node_labels, node_labels
+from nvdp.kube.node import NodeLabels, list_node, node_labels
 
 log = logging.getLogger("nvdp.kube")
 
 # Server-side timeout of one watch request: randomised between these (seconds) so that a fleet of
-# watchers started together does not reconnect together (client-go's reflector uses 5-10 min).
-WATCH_TIMEOUT_RANGE_S = (300, 600)
+# watchers started together does not reconnect together. Longer than client-go's 5-10 min: each
+# cycle costs a re-list here (lightkube does not ask for bookmarks), and keepalive, not the timeout,
+# finds dead connections.
+WATCH_TIMEOUT_RANGE_S = (900, 1800)
+# A watch that lasted this long was healthy: its end is not a failure to back off from.
+HEALTHY_WATCH_S = 30.0
 
 
 class Backoff:
@@ -90,18 +99,26 @@ class NodeWatcher:
 
     def run(self) -> None:
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
-                self._deliver(get_node_labels(self._client, self.node_name))
+                node, list_version = list_node(self._client, self.node_name)
+                self._deliver(node)
                 self.connected.set()
-                self._backoff.reset()
                 if self.failures:
                     log.info("node %s: watching again after %d failed attempt(s)",
                              self.node_name, self.failures)
                     self.failures = 0
-                self._watch()
+                self._watch(list_version)
             except Exception as err:  # any failure: keep the last state, retry later
                 if self._stop.is_set():
                     return
+                healthy = time.monotonic() - started >= HEALTHY_WATCH_S
+                if healthy:
+                    self._backoff.reset()
+                if healthy and isinstance(err, ApiError) and err.status.code == 410:
+                    log.debug("node %s: watch cycle ended (%s); listing again", self.node_name,
+                              describe_error(err))
+                    continue
                 self.connected.clear()
                 self.failures += 1
                 delay = self._backoff.next()
@@ -110,11 +127,10 @@ class NodeWatcher:
                         self.node_name, describe_error(err), delay, self.failures)
                 self._stop.wait(delay)
 
-    def _watch(self) -> None:
-        assert self._last is not None
+    def _watch(self, resource_version: str) -> None:
         timeout = random.randint(*self._timeout_range)
         events = self._client.watch(Node, fields={"metadata.name": self.node_name},
-                                    resource_version=self._last.resource_version, server_timeout=timeout)
+                                    resource_version=resource_version, server_timeout=timeout)
         for kind, obj in events:
             if self._stop.is_set():
                 return

@@ -417,16 +417,15 @@ class PluginProcess:
                     self.log.error("Exiting so that the kubelet restarts the plugin (see the error above)")
                     return EXIT_FAILED
                 reloads = received.count(signal.SIGHUP)
-                if reloads > 1:
-                    self.log.info("%d SIGHUPs arrived together; reloading once", reloads)
-                if self.node_config is not None:
-                    # A burst of label or entry changes re-plans once; SIGHUP re-plans even without one.
-                    if reloads:
+                if reloads:
+                    if reloads > 1:
+                        self.log.info("%d SIGHUPs arrived together; reloading once", reloads)
+                    if self.node_config is not None:
                         self.reselect("Received SIGHUP")
-                    elif NODE_CONFIG_CHANGED in received:
-                        self.reselect("Node config changed")
-                elif reloads:
-                    self.reload()
+                    else:
+                        self.reload()
+                elif NODE_CONFIG_CHANGED in received:  # a burst of label or entry changes re-plans once
+                    self.reselect("Node config changed")
         finally:
             self.shutdown()
 
