@@ -14,6 +14,7 @@ EXIT_FAILED = 1
 
 def register(sub: Any) -> None:
     from nvdp.config.flags import add_config_arguments
+    from nvdp.nodeconfig import add_node_config_arguments
 
     parser = sub.add_parser(
         "doctor",
@@ -31,10 +32,11 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--sysfs-root", default="/sys", metavar="PATH", help="sysfs to read PCI devices from")
     add_config_arguments(parser)
+    add_node_config_arguments(parser)
     parser.set_defaults(handler=doctor_command)
 
 
-def node_labels(node: str) -> Mapping[str, str] | None:
+def node_labels(node: str, kubeconfig: str | None = None) -> Mapping[str, str] | None:
     """The node's labels from the API, or None without access (no config, forbidden, unreachable)."""
     if not node:
         return None
@@ -44,7 +46,7 @@ def node_labels(node: str) -> Mapping[str, str] | None:
 
         from nvdp.kube import KubeConnectError, connect, get_node_labels
 
-        return get_node_labels(connect(), node).labels
+        return get_node_labels(connect(kubeconfig), node).labels
     except (ImportError, KubeConnectError, ApiError, httpx2.HTTPError):
         return None
 
@@ -69,7 +71,7 @@ def choose_entry(
         raise SelectionError(
             f"cannot read the entries in {settings.config_dir}: {err.strerror or err}"
         ) from None
-    labels = node_labels(settings.node_name or node)
+    labels = node_labels(settings.node_name or node, settings.kubeconfig)
     selection = select_for_labels(entries, labels, settings.default, settings.fallbacks, settings.label_name)
     path = str(entry_path(settings.config_dir, selection.entry)) if selection.entry is not None else None
     unread = (
@@ -89,7 +91,7 @@ def doctor_command(args: argparse.Namespace) -> int:
     from nvdp.doctor.report import as_json, as_text, healthy
 
     env: Mapping[str, str] = os.environ
-    node = env.get("NODE_NAME", "")
+    node = getattr(args, "node_name", None) or env.get("NODE_NAME", "")
     path, chosen = args.config_file, ""
     try:
         per_node = choose_entry(args, env, node)
@@ -107,7 +109,7 @@ def doctor_command(args: argparse.Namespace) -> int:
         context=context,
         sysfs=Path(args.sysfs_root),
         node_name=node,
-        node_labels=lambda: node_labels(node),
+        node_labels=lambda: node_labels(node, getattr(args, "kubeconfig", None)),
     )
     findings = Doctor(where, config, error, chosen).run()
     sys.stdout.write(as_json(findings) if args.json else as_text(findings))

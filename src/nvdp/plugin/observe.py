@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
     )
     group.add_argument(
         "--health-address", default=env.get(HEALTH_ADDRESS_ENV) or None, metavar="HOST:PORT",
-        help=f"serve only /healthz and /readyz, e.g. :8081 (env {HEALTH_ADDRESS_ENV})",
+        help=f"serve only /healthz and /readyz, e.g. :9447 (env {HEALTH_ADDRESS_ENV})",
     )
 
 
