@@ -5,8 +5,7 @@ set -euo pipefail
 cd "$ROOT"
 # Tests of the Kubernetes API edge start throwaway kube-apiservers from KUBEBUILDER_ASSETS; the
 # kit's idempotent setup.sh provides them (about 20 s when its Debian packages are present).
-K8S_KIT="$ROOT/../shared/k8s"
-[ -d "$K8S_KIT" ] || K8S_KIT=/work/shared/k8s
+K8S_KIT="${NVDP_K8S_KIT:-$ROOT/../shared/k8s}"
 export K8S_DIR="${K8S_DIR:-/tmp/nvdp-k8s}"
 if [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ ! -x "$K8S_DIR/assets/bin/kube-apiserver" ] \
    && [ "$(id -u)" = 0 ] && [ -x "$K8S_KIT/setup.sh" ]; then
