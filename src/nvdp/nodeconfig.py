@@ -96,13 +96,17 @@ class Chosen:
 class NodeConfig:
     def __init__(self, settings: NodeConfigSettings, on_change: Callable[[], None], log: logging.Logger, *,
                  poll_interval_s: float = POLL_INTERVAL_S, record_events: bool = True,
-                 component: str = COMPONENT) -> None:
+                 component: str = COMPONENT,
+                 on_labels: Callable[[Mapping[str, str]], None] | None = None) -> None:
         self.settings = settings
         self._on_change = on_change
         self._log = log
         self._poll_interval_s = poll_interval_s
         self._record_events = record_events
         self._component = component
+        # Every label state of the Node, for owners that act on more than the config label (the
+        # GPU labeller compares its labels with them): one watch serves both.
+        self._on_labels = on_labels
         self._labels: Mapping[str, str] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -145,6 +149,8 @@ class NodeConfig:
                 self._events.node_uid = node.uid
             with self._lock:
                 previous, self._labels = self._labels, dict(node.labels)
+            if self._on_labels is not None:
+                self._on_labels(node.labels)
             if first.is_set():
                 old = (previous or {}).get(self.settings.label_name)
                 new = node.labels.get(self.settings.label_name)

@@ -159,6 +159,10 @@ def test_mps_shared_memory_follows_remounts_on_the_host() -> None:
     }
     # Mounting in the host's namespace (or, without hostPID, Bidirectional propagation) needs privilege.
     assert daemon["initContainers"][0]["securityContext"] == {"privileged": True}
+    no_host_pid = render({"config": {"map": {"c": MPS_CONFIG}}, "mps": {"enableHostPID": False}})
+    init = no_host_pid.one("DaemonSet", MPS)["spec"]["template"]["spec"]["initContainers"][0]
+    propagated = {m["mountPath"]: m.get("mountPropagation") for m in init["volumeMounts"]}
+    assert propagated["/mps"] == "Bidirectional"
 
 
 @pytest.mark.parametrize(
@@ -320,16 +324,19 @@ def test_helm_test_pod_requests_one_gpu_and_runs_nvidia_smi() -> None:
     assert ctr["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
-def test_nvidia_format_values_file_renders_and_notes_list_ignored_keys() -> None:
+def test_nvidia_format_values_file_renders_with_gpu_feature_discovery() -> None:
     rendered = render(values_file(DATA / "nvidia-format-values.yaml"))
-    assert sorted(rendered.daemonsets()) == [PLUGIN]
+    gfd = f"{PLUGIN}-gpu-feature-discovery"
+    assert sorted(rendered.daemonsets()) == [PLUGIN, gfd]
     assert container(rendered.one("DaemonSet", PLUGIN), "nvidia-device-plugin-ctr")["image"] == (
         "nvcr.io/nvidia/k8s-device-plugin:0.1.0"
     )
-    assert (
-        "These values are set but ignored by this chart:\n"
-        "  - gfd.enabled (GPU feature discovery is not shipped)" in rendered.notes
-    )
+    # NVIDIA's gfd.securityContext (privileged) is honoured as given.
+    assert container(rendered.one("DaemonSet", gfd), "gpu-feature-discovery-ctr")["securityContext"] == {
+        "privileged": True
+    }
+    assert "gfd.enabled" not in rendered.notes
+    assert "kubectl get nodes -L nvidia.com/gpu.product" in rendered.notes
 
 
 def test_notes_quiet_about_ignored_keys_by_default() -> None:

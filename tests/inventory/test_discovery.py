@@ -26,7 +26,8 @@ except NvmlUnavailable as e:
 
 
 def parse(stdout: str) -> model.Inventory:
-    names = {k: getattr(model, k) for k in ("Inventory", "Gpu", "MigDevice", "Link", "LostGpu")}
+    kinds = ("Inventory", "Gpu", "MigDevice", "MigAttributes", "Link", "LostGpu")
+    names = {k: getattr(model, k) for k in kinds}
     value = eval(stdout, {"__builtins__": {}}, names)  # the child printed dataclass reprs
     assert isinstance(value, model.Inventory)
     return value

@@ -28,10 +28,12 @@ def load_config(
     path: str | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, object] | None = None,
+    env_vars: Mapping[str, str] = ENV_VARS,
 ) -> Config:
     """The effective Config from a file (or env CONFIG_FILE, or none), the environment and flags.
 
-    `env=None` reads os.environ; `overrides` are command-line values keyed by dotted config path.
+    `env=None` reads os.environ; `overrides` are command-line values keyed by dotted config path;
+    `env_vars` maps the environment names the calling program reads to config paths.
     Raises ConfigError listing every problem found.
     """
     env = os.environ if env is None else env
@@ -46,7 +48,7 @@ def load_config(
             fix = f"check the path given by {source}"
             issue = ConfigIssue(path, "", f"cannot read the config file: {exc}", fix=fix)
             raise ConfigError([issue]) from None
-    return load_config_text(data, path or "defaults", env, overrides)
+    return load_config_text(data, path or "defaults", env, overrides, env_vars)
 
 
 # A ConfigMap holds at most 1 MiB; a config file is a few KiB.
@@ -92,6 +94,7 @@ def load_config_text(
     source: str = "<config>",
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, object] | None = None,
+    env_vars: Mapping[str, str] = ENV_VARS,
 ) -> Config:
     """Like load_config, from the file's content (`None`: no file). `source` names it in messages."""
     env = os.environ if env is None else env
@@ -109,7 +112,7 @@ def load_config_text(
     issues: list[ConfigIssue] = []
 
     applied: set[str] = set()
-    for name, path in ENV_VARS.items():
+    for name, path in env_vars.items():
         text = env.get(name)
         # An empty variable counts as unset, as charts often render optional values as "".
         if not path or path in applied or not text:

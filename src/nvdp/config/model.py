@@ -47,7 +47,7 @@ class PluginFlags:
 
 @dataclass(frozen=True)
 class GfdFlags:
-    """Accepted so NVIDIA configs load unchanged; the plugin does not act on them."""
+    """gpu-feature-discovery's settings (NVIDIA's names); the plugin does not act on them."""
 
     oneshot: bool = False
     no_timestamp: bool = False

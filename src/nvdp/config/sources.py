@@ -100,7 +100,7 @@ def convert_text(path: str, text: str, source: str) -> tuple[object, ConfigIssue
     if node is None:
         return text, ConfigIssue(source, path, "not a config setting", fix="check the name")
     types = accepted_types(node)
-    if types == {"boolean"}:
+    if types - {"null"} == {"boolean"}:  # a nullable boolean (useNodeFeatureAPI) takes the same words
         value = parse_bool(text)
         if value is None:
             return text, ConfigIssue(

@@ -16,6 +16,21 @@ TOPOLOGY_LEVELS: dict[int, str] = {
 
 
 @dataclass(frozen=True)
+class MigAttributes:
+    """NVML's nvmlDeviceAttributes_t of a MIG device (what GPU feature discovery labels)."""
+
+    multiprocessors: int = 0
+    slices_gi: int = 0
+    slices_ci: int = 0
+    engines_copy: int = 0
+    engines_decoder: int = 0
+    engines_encoder: int = 0
+    engines_jpeg: int = 0
+    engines_ofa: int = 0
+    memory_mib: int = 0  # MemorySizeMB as NVML reports it for the MIG device
+
+
+@dataclass(frozen=True)
 class MigDevice:
     uuid: str  # "MIG-..."
     index: int  # enumeration index under its parent (the j of "i:j")
@@ -25,6 +40,7 @@ class MigDevice:
     gi_id: int
     ci_id: int
     memory_bytes: int
+    attributes: MigAttributes | None = None  # None: not read (NVML without the call)
 
     @property
     def index_id(self) -> str:

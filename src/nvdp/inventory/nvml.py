@@ -17,7 +17,7 @@ from typing import Any
 import pynvml
 
 from nvdp.inventory.library import LIBRARY_NAME, candidate_paths, find_library
-from nvdp.inventory.model import Gpu, Inventory, Link, LostGpu, MigDevice
+from nvdp.inventory.model import Gpu, Inventory, Link, LostGpu, MigAttributes, MigDevice
 
 # Where the host's /sys is (default /sys); the stand-in node points it at a tree of its own.
 SYSFS_ROOT_ENV = "NVDP_SYSFS_ROOT"
@@ -236,9 +236,30 @@ def _read_mig_devices(parent_index: int, parent_uuid: str, handle: Any) -> tuple
                 gi_id=int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
                 ci_id=int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
                 memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(mig).total),
+                attributes=_mig_attributes(mig),
             )
         )
     return tuple(devices)
+
+
+def _mig_attributes(mig: Any) -> MigAttributes | None:
+    try:
+        a = pynvml.nvmlDeviceGetAttributes(mig)
+    except pynvml.NVMLError as e:
+        if e.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+            return None  # an old driver: GPU feature discovery then leaves these labels out
+        raise
+    return MigAttributes(
+        multiprocessors=int(a.multiprocessorCount),
+        slices_gi=int(a.gpuInstanceSliceCount),
+        slices_ci=int(a.computeInstanceSliceCount),
+        engines_copy=int(a.sharedCopyEngineCount),
+        engines_decoder=int(a.sharedDecoderCount),
+        engines_encoder=int(a.sharedEncoderCount),
+        engines_jpeg=int(a.sharedJpegCount),
+        engines_ofa=int(a.sharedOfaCount),
+        memory_mib=int(a.memorySizeMB),
+    )
 
 
 def mig_profile_from_name(name: str) -> str:

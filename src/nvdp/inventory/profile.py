@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from nvdp.inventory.model import TOPOLOGY_LEVELS, Gpu, Inventory, Link, MigDevice
+from nvdp.inventory.model import TOPOLOGY_LEVELS, Gpu, Inventory, Link, MigAttributes, MigDevice
 
 MIB = 1024 * 1024
 MAX_MIG_DEVICES = 7
@@ -157,6 +157,17 @@ def _mig(raw: object, j: int, parent_index: int, parent_uuid: str, where: str) -
         gi_id=_int(raw, "gi_id", where),
         ci_id=_int(raw, "ci_id", where),
         memory_bytes=_positive(raw, "memory_mib", where) * MIB,
+        attributes=_mig_attributes(profile, _positive(raw, "memory_mib", where)),
+    )
+
+
+def _mig_attributes(profile: str, memory_mib: int) -> MigAttributes:
+    """The attributes the stand-in NVML reports for a profile: the leading number is both slice
+    counts, 16 multiprocessors per slice, no shared engines (sim/nvml/nvml_sim.c, GetAttributes)."""
+    digits = re.match(r"\d+", profile)
+    slices = int(digits.group()) if digits else 0
+    return MigAttributes(
+        multiprocessors=slices * 16, slices_gi=slices, slices_ci=slices, memory_mib=memory_mib
     )
 
 

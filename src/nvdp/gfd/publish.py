@@ -1,0 +1,153 @@
+"""The label outputs: Node labels, an NFD NodeFeature object, or the features.d file.
+
+Each output knows what it last published and writes only when the wanted set differs from it, so a
+node in steady state costs no API writes however often NVML is re-checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
+
+from nvdp.gfd.output import read_features_file, remove_features_file, write_features_file
+from nvdp.gfd.reconcile import LabelChanges, apply_changes, label_changes
+
+if TYPE_CHECKING:  # the API client is imported only by the outputs that use it
+    from lightkube import Client
+
+log = logging.getLogger(__name__)
+
+NODE_FEATURE_PREFIX = "nvidia-features-for"
+NFD_NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
+
+
+class Output(Protocol):
+    def publish(self, wanted: Mapping[str, str], now: int | None) -> LabelChanges:
+        """Bring the published labels to `wanted` (timestamp added when they change); the changes made."""
+        ...
+
+    def close(self, keep: bool) -> None:
+        """On exit: withdraw what was published unless `keep` (oneshot, infinite sleep)."""
+        ...
+
+
+class NodeOutput:
+    """Labels on the Node object itself, compared with the labels the Node carries now.
+
+    `current` is fed by the Node watch (set_current); after a patch the patched Node's labels are
+    taken at once, so the watch event that follows finds nothing to do.
+    """
+
+    def __init__(self, client: Client, node_name: str) -> None:
+        self._client = client
+        self.node_name = node_name
+        self._lock = threading.Lock()
+        self._current: dict[str, str] | None = None
+        self.patches = 0
+
+    def set_current(self, labels: Mapping[str, str]) -> None:
+        with self._lock:
+            self._current = dict(labels)
+
+    @property
+    def current(self) -> dict[str, str] | None:
+        with self._lock:
+            return None if self._current is None else dict(self._current)
+
+    def publish(self, wanted: Mapping[str, str], now: int | None) -> LabelChanges:
+        from nvdp.kube import patch_node_labels
+
+        current = self.current
+        if current is None:
+            raise RuntimeError(f"node {self.node_name}: its labels have not been read yet")
+        changes = label_changes(current, wanted, now)
+        if changes:
+            patched = patch_node_labels(self._client, self.node_name, changes)
+            self.patches += 1
+            self.set_current(patched.labels)
+        return changes
+
+    def close(self, keep: bool) -> None:
+        """Node labels stay: they describe the node after the labeller stops (as NFD's do)."""
+
+
+class FileOutput:
+    """NFD's local source: `key=value` lines in features.d, rewritten only when they change."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._current = read_features_file(path) if path else {}
+
+    def publish(self, wanted: Mapping[str, str], now: int | None) -> LabelChanges:
+        changes = label_changes(self._current, wanted, now)
+        if changes or not self.path:
+            self._current = apply_changes(self._current, changes)
+            write_features_file(self.path, self._current)
+        return changes
+
+    def close(self, keep: bool) -> None:
+        if not keep:
+            remove_features_file(self.path)
+
+
+class NodeFeatureOutput:
+    """An NFD NodeFeature object `nvidia-features-for-<node>`; NFD's master applies its labels.
+
+    Updates carry the resourceVersion last seen; when someone else changed the object in between, the
+    update is refused and the next pass reads it again.
+    """
+
+    def __init__(self, client: Client, node_name: str, namespace: str) -> None:
+        from lightkube.generic_resource import create_namespaced_resource
+
+        self._client = client
+        self.node_name = node_name
+        self.namespace = namespace
+        self.name = f"{NODE_FEATURE_PREFIX}-{node_name}"
+        self._kind = create_namespaced_resource("nfd.k8s-sigs.io", "v1alpha1", "NodeFeature", "nodefeatures")
+        self._current: dict[str, str] | None = None
+        self._version: str | None = None  # None: the object does not exist (yet)
+
+    def _read(self) -> dict[str, str]:
+        from lightkube.core.exceptions import ApiError
+
+        try:
+            obj = self._client.get(self._kind, self.name, namespace=self.namespace)
+        except ApiError as e:
+            if e.status.code == 404:
+                self._version = None
+                return {}
+            raise
+        self._version = obj.metadata.resourceVersion if obj.metadata else None
+        spec = obj.get("spec") or {}
+        return dict(spec.get("labels") or {})
+
+    def publish(self, wanted: Mapping[str, str], now: int | None) -> LabelChanges:
+        from lightkube.core.exceptions import ApiError
+        from lightkube.models.meta_v1 import ObjectMeta
+
+        if self._current is None:
+            self._current = self._read()
+        changes = label_changes(self._current, wanted, now)
+        if not changes and self._version is not None:
+            return changes
+        labels = apply_changes(self._current, changes)
+        obj = self._kind(
+            metadata=ObjectMeta(name=self.name, namespace=self.namespace, resourceVersion=self._version,
+                                labels={NFD_NODE_NAME_LABEL: self.node_name}),
+            spec={"labels": labels},
+        )  # fmt: skip
+        try:
+            # replace: the namespace is in the object
+            written = self._client.replace(obj) if self._version is not None else self._client.create(obj)
+        except ApiError:
+            self._current = None  # read it again on the next pass
+            raise
+        self._version = written.metadata.resourceVersion if written.metadata else None
+        self._current = labels
+        return changes
+
+    def close(self, keep: bool) -> None:
+        """The object stays; NFD keeps the labels until a new labeller replaces them."""
