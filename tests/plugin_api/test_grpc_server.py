@@ -232,6 +232,50 @@ def test_shared_resource_refusal_over_grpc(short_tmp: Path, kubelet: KubeletSim)
         server.stop()
 
 
+def test_allocate_answers_follow_every_update(  # type: ignore[no-untyped-def]
+    served, kubelet: KubeletSim, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Answers are reused within a plan; an update (health, devices) must never serve an old one."""
+    server, resource = served
+    server.register(str(kubelet.socket_path))
+    kubelet.wait_for_resource(GPU, count=4)
+    first = resource.devices[0].id
+    caplog.set_level(logging.INFO, logger="test.server")
+    assert kubelet.allocate(GPU, [[first]]) == kubelet.allocate(GPU, [[first]])
+    assert "unhealthy" not in caplog.text
+    assert caplog.text.count(f"Allocate {GPU}: {first}") == 2  # the log line is per call, cached or not
+
+    sick = replace(resource.devices[0], healthy=False)
+    server.update(replace(resource, devices=(sick, *resource.devices[1:])))
+    kubelet.allocate(GPU, [[first]])
+    assert f"Allocate for {GPU} includes unhealthy devices ['{first}']" in caplog.text
+
+    renamed = replace(resource.devices[0], id="renamed", base_id="renamed")
+    server.update(replace(resource, devices=(renamed, *resource.devices[1:])))
+    with pytest.raises(KubeletSimError) as refused:
+        kubelet.allocate(GPU, [[first]])
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_cdi_annotation_keys_are_new_for_every_allocate(short_tmp: Path, kubelet: KubeletSim) -> None:
+    inventory = make_inventory(1)
+    resource = whole_gpu_resource(inventory)
+    config = config_with(device_plugin_path=str(short_tmp), device_list_strategy=("cdi-annotations",))
+    keys = iter(f"key-{n}" for n in range(10))
+    server = ResourceServer(resource, config, inventory, cdi_uuid=lambda: next(keys))
+    server.start()
+    try:
+        server.register(str(kubelet.socket_path))
+        kubelet.wait_for_resource(GPU, count=1)
+        answers = [kubelet.allocate(GPU, [[resource.devices[0].id]]) for _ in range(2)]
+        assert [list(a["container_responses"][0]["annotations"]) for a in answers] == [
+            ["cdi.k8s.io/nvidia-device-plugin_key-0"],
+            ["cdi.k8s.io/nvidia-device-plugin_key-1"],
+        ]
+    finally:
+        server.stop()
+
+
 def test_a_device_list_too_long_for_the_kubelet_is_explained() -> None:
     inventory = make_inventory(8, numa_split=4)
     fits = replicated_resource(inventory, 1024)  # the largest a config may ask for on 8 GPUs

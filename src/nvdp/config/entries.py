@@ -7,7 +7,6 @@ not entries (as in NVIDIA's config-manager).
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 MAX_ENTRY_BYTES = 1 << 20
@@ -27,6 +26,8 @@ def fingerprint(path: str | Path | None) -> str:
     """sha256 of a file's bytes ('' for no file, 'unreadable: ...' when it cannot be read)."""
     if path is None:
         return ""
+    import hashlib  # only with a config directory: hashlib loads libcrypto (~3 MiB) into the process
+
     try:
         with open(path, "rb") as f:
             return hashlib.sha256(f.read(MAX_ENTRY_BYTES + 1)).hexdigest()
@@ -36,6 +37,8 @@ def fingerprint(path: str | Path | None) -> str:
 
 def directory_fingerprint(directory: str | Path) -> str:
     """Changes when an entry is added, removed or edited (the `..data` swap, or plain file edits)."""
+    import hashlib
+
     root = Path(directory)
     try:
         parts = [f"{name}={fingerprint(root / name)}" for name in list_entries(root)]

@@ -6,7 +6,6 @@ oneOf/anyOf failures are narrowed to the form the value was evidently meant to h
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -187,6 +186,8 @@ def suggest_key(parent: DocPath, key: str) -> str:
 
 
 def _close(word: str, options: Sequence[str], cutoff: float) -> str | None:
+    import difflib  # only a config with an unknown key needs it
+
     lowered = {o.lower(): o for o in options}
     found = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=cutoff)
     return lowered[found[0]] if found else None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -36,7 +35,9 @@ class _Inotify:
     """The three inotify calls, through ctypes; raises OSError when the kernel refuses."""
 
     def __init__(self) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The process's own symbols include libc's; ctypes.util.find_library would run ldconfig in a
+        # subprocess at every start.
+        libc = ctypes.CDLL(None, use_errno=True)
         self._add_watch = libc.inotify_add_watch
         self._add_watch.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
         fd = int(libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC))

@@ -201,15 +201,16 @@ class PluginManager:
                 old = before.resource(new.name)
                 if old is None or old == new:
                     continue
+                running = self._resources.get(new.name)
+                if running is not None:
+                    # First: the stream can send while the log line below is written.
+                    running.update(new)
                 was_healthy = {d.id for d in old.devices if d.healthy}
                 newly = [d.id for d in new.devices if not d.healthy and d.id in was_healthy]
                 self._log.warning(
                     "%s: %d device(s) marked unhealthy (%s): %s",
                     new.name, len(newly), reason, _short_list(newly),
                 )
-                running = self._resources.get(new.name)
-                if running is not None:
-                    running.update(new)
 
     def kubelet_restarted(self) -> None:
         """kubelet.sock was created again: the kubelet forgot us and may have removed our sockets."""

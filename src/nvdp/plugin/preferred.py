@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +52,11 @@ class _Candidate:
     group: str  # the device replicas share (base_id)
     gpu: int | None  # GPU index for topology; None when the inventory does not know it
     usable: bool  # healthy and known
+    rank: int  # usable ones first, each part in plan order: the order replicas are handed out in
+
+
+_UNUSABLE = 1 << 40  # added to `order` for the rank of an unusable candidate
+_BY_RANK = operator.attrgetter("rank")
 
 
 class PreferredAllocator:
@@ -69,12 +75,14 @@ class PreferredAllocator:
             gpu = device.gpu_indices[0] if len(device.gpu_indices) == 1 else None
             if gpu is not None and gpu not in known_gpus:
                 gpu = None
+            usable = device.healthy and gpu is not None
             self._devices[device.id] = _Candidate(
                 id=device.id,
                 order=order,
                 group=device.base_id,
                 gpu=gpu,
-                usable=device.healthy and gpu is not None,
+                usable=usable,
+                rank=order if usable else order + _UNUSABLE,
             )
             self._group_totals[device.base_id] = self._group_totals.get(device.base_id, 0) + 1
         # Every pair's score, computed once: from the link record, else from NUMA placement (same-CPU vs
@@ -111,14 +119,15 @@ class PreferredAllocator:
             )
         if len(must) > size:
             raise ValueError(f"{name}: {len(must)} must-include devices do not fit an allocation of {size}")
-        rest = [self._candidate(i) for i in available if i not in must_set]
+        known = self._devices  # looked up inline: a request may name tens of thousands of replicas
+        rest = [known.get(i) or self._candidate(i) for i in available if i not in must_set]
         needed = size - len(must)
         if needed == 0:
             return must
         if self._whole_gpus:
             picked = self._select_connected([self._candidate(i) for i in must], rest, needed)
         else:
-            picked = self._select_by_policy([self._candidate(i) for i in must], rest, available, needed)
+            picked = self._select_by_policy([self._candidate(i) for i in must], rest, needed)
         return must + [c.id for c in picked]
 
     # -- internals --------------------------------------------------------------------------------------
@@ -128,7 +137,9 @@ class PreferredAllocator:
         if known is not None:
             return known
         # Not in this plan (an update raced the request): usable only as a last resort.
-        return _Candidate(id=device_id, order=len(self._devices), group=device_id, gpu=None, usable=False)
+        order = len(self._devices)
+        return _Candidate(id=device_id, order=order, group=device_id, gpu=None, usable=False,
+                          rank=order + _UNUSABLE)
 
     def _score(self, a: _Candidate, b: _Candidate) -> int:
         if a.gpu is None or b.gpu is None:
@@ -210,19 +221,18 @@ class PreferredAllocator:
         return best[len(required) :]
 
     def _select_by_policy(
-        self, required: list[_Candidate], rest: list[_Candidate], available: list[str], needed: int
+        self, required: list[_Candidate], rest: list[_Candidate], needed: int
     ) -> list[_Candidate]:
         still_free: dict[str, int] = {}
-        for device_id in available:
-            group = self._candidate(device_id).group
-            still_free[group] = still_free.get(group, 0) + 1
+        for c in itertools.chain(required, rest):  # every available device, once
+            still_free[c.group] = still_free.get(c.group, 0) + 1
         handed_out = {g: self._group_totals.get(g, n) - n for g, n in still_free.items()}
         picks: dict[str, int] = {}
         for c in required:
             picks[c.group] = picks.get(c.group, 0) + 1
         # Per group, its candidates in plan order; each step takes the head of the best group.
         queues: dict[str, deque[_Candidate]] = {}
-        for c in sorted(rest, key=lambda c: (not c.usable, c.order)):
+        for c in sorted(rest, key=_BY_RANK):
             queues.setdefault(c.group, deque()).append(c)
         first_order = {g: q[0].order for g, q in queues.items()}
         sign = 1 if self.policy == "distributed" else -1

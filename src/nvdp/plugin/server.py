@@ -15,15 +15,12 @@ import os
 import stat
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
-
-import grpc
 
 from nvdp import recording
 from nvdp.config.model import Config
@@ -40,6 +37,7 @@ from nvdp.plugin.allocate import (
 )
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 from nvdp.plugin.api import deviceplugin_pb2_grpc as _pb_grpc
+from nvdp.plugin.grpc_import import grpc
 from nvdp.plugin.preferred import PreferredAllocator
 
 # The generated service module has no type hints.
@@ -55,6 +53,8 @@ MAX_STREAMS = 4
 # Calls beyond this (running and queued) are refused at once instead of queueing without bound.
 _MAX_CONCURRENT_RPCS = 64
 _READY_TIMEOUT_S = 5.0
+# Distinct device-ID requests whose answers are kept per plan; the kubelet asks for few distinct sets.
+_ANSWERS_KEPT = 4096
 _STOP_GRACE_S = 1.0
 # The kubelet reads ListAndWatch with gRPC's default receive limit; a longer list is refused on its
 # side with RESOURCE_EXHAUSTED and the resource silently stays at its last list (or none).
@@ -112,6 +112,13 @@ def read_mig_minors(path: str, logger: logging.Logger) -> dict[str, int] | None:
         return None
 
 
+def random_uuid() -> str:
+    # Imported on first use: only the cdi-annotations strategy needs it, and uuid imports platform.
+    import uuid
+
+    return str(uuid.uuid4())
+
+
 def device_message(device: PlannedDevice) -> Any:
     topology = None
     if device.numa_node is not None:
@@ -153,6 +160,16 @@ def allocation_message(allocation: ContainerAllocation) -> Any:
     )
 
 
+@dataclass(frozen=True)
+class _Answer:
+    """An AllocateResponse and, per container, what the log says: the requested IDs as shown, and
+    those that were unhealthy."""
+
+    response: Any
+    shown: tuple[str, ...]
+    unhealthy: tuple[tuple[str, ...], ...]
+
+
 class _DevicePluginService:
     """The DevicePlugin gRPC service; grpc calls these methods on its worker threads."""
 
@@ -187,7 +204,7 @@ class ResourceServer:
         logger: logging.Logger | None = None,
         dev_paths_present: Callable[[str], bool] | None = None,
         mig_minors_file: str = MIG_MINORS_FILE,
-        cdi_uuid: Callable[[], str] = lambda: str(uuid.uuid4()),
+        cdi_uuid: Callable[[], str] | None = None,
     ) -> None:
         self.config = config
         self.inventory = inventory
@@ -195,13 +212,15 @@ class ResourceServer:
         self.socket_path = socket_path_for(resource, config)
         self._dev_paths_present = dev_paths_present
         self._mig_minors_file = mig_minors_file
-        self._cdi_uuid = cdi_uuid
+        self._cdi_uuid = cdi_uuid or random_uuid
         self._lock = threading.Condition()
         self._resource = resource
-        self._allocator = PreferredAllocator(
-            resource, inventory, config.flags.plugin.shared_devices_allocation_policy
-        )
+        # Built by the first GetPreferredAllocation after each update, not on the health path.
+        self._allocator: PreferredAllocator | None = None
         self._version = 0  # bumped on every update(); streams resend when it moves
+        self._answers: dict[tuple[tuple[str, ...], ...], _Answer] = {}  # per plan; see _allocate
+        self._list_message: Any = None  # per plan; see _device_list
+        self._device_messages: dict[tuple[str, bool, int | None], Any] = {}
         self._stopped = False
         self._server: grpc.Server | None = None
         self._mig_minors: dict[str, int] | None = None
@@ -320,9 +339,9 @@ class ResourceServer:
                     f"the server for {self._resource.name} cannot serve {resource.name}; start another server"
                 )
             self._resource = resource
-            self._allocator = PreferredAllocator(
-                resource, self.inventory, self.config.flags.plugin.shared_devices_allocation_policy
-            )
+            self._allocator = None
+            self._answers = {}
+            self._list_message = None
             self._version += 1
             self._lock.notify_all()
 
@@ -374,7 +393,23 @@ class ResourceServer:
     # -- RPC bodies -------------------------------------------------------------------------------------
 
     def _device_list(self) -> Any:
-        return pb.ListAndWatchResponse(devices=[device_message(d) for d in self._resource.devices])
+        """The list for the current version (called with the lock held), built once for every stream.
+
+        A health change flips a few devices: the others reuse their messages from earlier versions.
+        """
+        if self._list_message is None:
+            kept: dict[tuple[str, bool, int | None], Any] = {}  # only this version's: bounded by the list
+            messages = []
+            for device in self._resource.devices:
+                key = (device.id, device.healthy, device.numa_node)
+                message = self._device_messages.get(key)
+                if message is None:
+                    message = device_message(device)
+                kept[key] = message
+                messages.append(message)
+            self._device_messages = kept
+            self._list_message = pb.ListAndWatchResponse(devices=messages)
+        return self._list_message
 
     def _watch(self, context: Any) -> Iterator[Any]:
         with self._lock:
@@ -418,12 +453,35 @@ class ResourceServer:
 
     def _allocate(self, request: Any, context: Any) -> Any:
         started = time.perf_counter()
+        # An answer is a pure function of the requested IDs and the plan, so it is computed once per
+        # plan (update() starts afresh) - except with CDI annotations, whose key is new every time.
+        key = tuple(tuple(container.devices_ids) for container in request.container_requests)
         with self._lock:
-            resource = self._resource
+            resource, answers = self._resource, self._answers
+        answer = answers.get(key)
+        if answer is None:
+            answer = self._answer(resource, key, context)
+            if self._answers_reusable and len(answers) < _ANSWERS_KEPT:
+                answers[key] = answer
+        for ids, shown, unhealthy in zip(key, answer.shown, answer.unhealthy, strict=True):
+            if unhealthy:
+                self.log.warning(
+                    "Allocate for %s includes unhealthy devices %s", resource.name, list(unhealthy)
+                )
+            self.log.info("Allocate %s: %s", resource.name, shown)
+            recording.allocated(resource.name, len(ids))
+        recording.allocate_duration(resource.name, time.perf_counter() - started)
+        return answer.response
+
+    @property
+    def _answers_reusable(self) -> bool:
+        return "cdi-annotations" not in self.config.flags.plugin.device_list_strategy
+
+    def _answer(self, resource: PlannedResource, key: tuple[tuple[str, ...], ...], context: Any) -> _Answer:
         present = self._dev_paths_present or (lambda _path: False)
-        responses = []
-        for container in request.container_requests:
-            ids = list(container.devices_ids)
+        messages = []
+        unhealthy = []
+        for ids in key:
             try:
                 allocation = allocate_container(
                     resource,
@@ -438,20 +496,18 @@ class ResourceServer:
                 self.log.warning("Refused Allocate for %s %s: %s", resource.name, shown_ids(ids), err)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 raise  # abort() raises; this keeps type checkers aware of it
-            if allocation.unhealthy:
-                self.log.warning(
-                    "Allocate for %s includes unhealthy devices %s", resource.name, list(allocation.unhealthy)
-                )
-            self.log.info("Allocate %s: %s", resource.name, shown_ids(ids))
-            recording.allocated(resource.name, len(ids))
-            responses.append(allocation_message(allocation))
-        response = pb.AllocateResponse(container_responses=responses)
-        recording.allocate_duration(resource.name, time.perf_counter() - started)
-        return response
+            messages.append(allocation_message(allocation))
+            unhealthy.append(allocation.unhealthy)
+        shown = tuple(shown_ids(ids) for ids in key)
+        return _Answer(pb.AllocateResponse(container_responses=messages), shown, tuple(unhealthy))
 
     def _preferred(self, request: Any, context: Any) -> Any:
         with self._lock:
             allocator = self._allocator
+            if allocator is None:
+                allocator = self._allocator = PreferredAllocator(
+                    self._resource, self.inventory, self.config.flags.plugin.shared_devices_allocation_policy
+                )
         responses = []
         for container in request.container_requests:
             try:

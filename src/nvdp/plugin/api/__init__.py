@@ -1,4 +1,7 @@
 """Kubernetes device-plugin API v1beta1: the .proto and the Python modules generated from it.
 
 Everything here except `generate.py` is generated; regenerate with `python -m nvdp.plugin.api.generate`.
+The generated service module imports grpc, so the package imports it first the plugin's way.
 """
+
+from nvdp.plugin import grpc_import as _grpc_import  # noqa: F401  # keeps ssl out; see there
