@@ -1,4 +1,4 @@
-"""`nvdp`: offline tools around the plugin (check a config, preview a node's resources)."""
+"""`nvdp`: tools around the plugin (check a config, preview a node's resources, diagnose a node)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from nvdp import __version__
 def main(argv: Sequence[str] | None = None) -> int:
     # Imported here so `nvdp --version` works even if an optional piece fails to import.
     from nvdp.config import cli as config_cli
+    from nvdp.doctor import cli as doctor_cli
     from nvdp.plan import cli as plan_cli
 
     parser = argparse.ArgumentParser(prog="nvdp", description=__doc__)
@@ -19,6 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     config_cli.register(sub)
     plan_cli.register(sub)
+    doctor_cli.register(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))

@@ -74,6 +74,7 @@ def test_null_values_leave_binary_defaults_and_typed_values_are_passed() -> None
         "DEVICE_PLUGIN_PATH",
         "NVIDIA_VISIBLE_DEVICES",
         "NVIDIA_DRIVER_CAPABILITIES",
+        "HEALTH_ADDRESS",  # probes are on by default; metrics are not
     }
     variables = env(
         plugin_ctr(
@@ -265,8 +266,8 @@ def test_notes_tell_how_to_switch_a_node_with_per_node_config() -> None:
 
 
 @pytest.mark.parametrize("values", [{}, {"config": {"map": {"c": MPS_CONFIG}}}])
-def test_no_api_access_is_granted_with_one_config(values: dict[str, Any]) -> None:
-    rendered = render(values)
+def test_no_api_access_is_granted_with_one_config_and_no_events(values: dict[str, Any]) -> None:
+    rendered = render({**values, "events": {"enabled": False}})
     kinds = {o["kind"] for o in rendered.objects}
     assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
     assert rendered.one("ServiceAccount")["automountServiceAccountToken"] is False
@@ -291,6 +292,28 @@ def test_per_node_config_grants_node_reads_and_event_writes_only(config: dict[st
     assert not {o["kind"] for o in rendered.objects} & {"Role", "RoleBinding"}
     ports = rendered.one("NetworkPolicy")["spec"]["egress"][0]["ports"]
     assert {p["port"] for p in ports} == {443, 6443}
+
+
+def test_events_grant_only_creating_events_to_the_plugin() -> None:
+    rendered = render({"config": {"map": {"c": MPS_CONFIG}}})
+    (role,) = rendered.find("ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
+    (binding,) = rendered.find("ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    account = rendered.one("ServiceAccount")["metadata"]["name"]
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": "nvidia-device-plugin"}
+    assert binding["subjects"] == [subject]
+    automount = {ds["metadata"]["name"]: ds["spec"]["template"]["spec"]["automountServiceAccountToken"]
+                 for ds in rendered.find("DaemonSet")}
+    assert automount == {
+        "nvdp-nvidia-device-plugin": True,
+        "nvdp-nvidia-device-plugin-mps-control-daemon": False,
+    }
+    # The deny-all policy also denies egress: the API server's ports are opened for the plugin.
+    egress = rendered.one("NetworkPolicy", "nvdp-nvidia-device-plugin-allow-apiserver")["spec"]
+    assert egress["policyTypes"] == ["Egress"]
+    ports = [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]
+    assert egress["egress"] == [{"ports": ports}]
 
 
 def test_helm_test_pod_requests_one_gpu_and_runs_nvidia_smi() -> None:

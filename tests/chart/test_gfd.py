@@ -36,7 +36,9 @@ def test_nothing_by_default() -> None:
     rendered = render({})
     assert sorted(rendered.daemonsets()) == [PLUGIN]
     for kind in ("ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy"):
-        assert rendered.find(kind) == []
+        # The plugin's own Node-events role (events.enabled) is all there is.
+        names = [o["metadata"]["name"] for o in rendered.find(kind)]
+        assert [n for n in names if not n.endswith("-events")] == []
 
 
 def test_gfd_daemonset_runs_the_plugin_image_where_the_plugin_runs() -> None:
@@ -100,10 +102,11 @@ def test_features_file_output_mounts_features_d_and_needs_no_token() -> None:
 
 
 def test_node_feature_api_gets_its_rbac_rule() -> None:
-    rules = render({"gfd": {"enabled": True, "useNodeFeatureAPI": True}}).one("ClusterRole")["rules"]
+    rendered = render({"gfd": {"enabled": True, "useNodeFeatureAPI": True}})
+    rules = rendered.one("ClusterRole", CLUSTER_NAME)["rules"]
     assert {"apiGroups": ["nfd.k8s-sigs.io"], "resources": ["nodefeatures"],
             "verbs": ["get", "create", "update"]} in rules  # fmt: skip
-    rules = render({"gfd": {"enabled": True}}).one("ClusterRole")["rules"]
+    rules = render({"gfd": {"enabled": True}}).one("ClusterRole", CLUSTER_NAME)["rules"]
     assert rules == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
@@ -112,7 +115,7 @@ def test_node_feature_api_gets_its_rbac_rule() -> None:
 
 def test_rbac_binds_the_labeller_account() -> None:
     rendered = render({"gfd": {"enabled": True}})
-    binding = rendered.one("ClusterRoleBinding")
+    binding = rendered.one("ClusterRoleBinding", CLUSTER_NAME)
     assert binding["roleRef"]["name"] == CLUSTER_NAME
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": GFD, "namespace": "nvidia-device-plugin"}

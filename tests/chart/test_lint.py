@@ -48,6 +48,7 @@ def test_ci_files_cover_the_documented_scenarios() -> None:
     assert [p.name for p in ci_values_files()] == [
         "affinity-tolerations-values.yaml",
         "default-values.yaml",
+        "metrics-values.yaml",
         "mig-mixed-values.yaml",
         "mps-values.yaml",
         "per-node-config-values.yaml",
@@ -56,7 +57,7 @@ def test_ci_files_cover_the_documented_scenarios() -> None:
 
 
 def test_network_policy_denies_all_for_release_pods() -> None:
-    policy = render({}).one("NetworkPolicy")
+    policy = render({}).one("NetworkPolicy", "nvdp-nvidia-device-plugin-deny-all")
     assert policy["spec"] == {
         "podSelector": {
             "matchLabels": {

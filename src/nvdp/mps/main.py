@@ -32,7 +32,8 @@ from functools import partial
 from pathlib import Path
 from types import FrameType
 
-from nvdp import __version__
+from nvdp import __version__, recording
+from nvdp.endpoints import HttpEndpoints, Response, parse_address
 from nvdp.mps import hostmount, shm
 from nvdp.mps.commands import MpsConfigError, MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeModes
@@ -43,6 +44,7 @@ from nvdp.nodeconfig import Chosen, NodeConfig, add_node_config_arguments, setti
 
 PROG = "mps-control-daemon"
 PROBE_INTERVAL_ENV = "MPS_PROBE_INTERVAL"
+METRICS_ADDRESS_ENV = "METRICS_ADDRESS"
 # The MPS root as a host path (chart value mps.root), for the steps done in the host's mount namespace.
 HOST_ROOT_ENV = "MPS_ROOT"
 HOST_MODE_FIX = (
@@ -71,8 +73,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     add_config_arguments(parser)
+    parser.add_argument(
+        "--metrics-address", default=os.environ.get(METRICS_ADDRESS_ENV) or None, metavar="HOST:PORT",
+        help=f"serve Prometheus metrics at /metrics, e.g. :9446 (env {METRICS_ADDRESS_ENV}); off by default",
+    )
     add_node_config_arguments(parser)
     return parser
+
+
+def start_metrics(address: str) -> HttpEndpoints:
+    """Serve the daemon's series; OSError when the address cannot be bound."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    series = recording.enable()
+
+    def scrape() -> Response:
+        return Response(200, generate_latest(series.MPS_DAEMON), CONTENT_TYPE_LATEST)
+
+    server = HttpEndpoints(address, {"/metrics": scrape}, log)
+    server.start()
+    return server
 
 
 def build_mount_parser() -> argparse.ArgumentParser:
@@ -287,6 +307,14 @@ def run(args: argparse.Namespace) -> int:
     probe_interval = env_seconds(PROBE_INTERVAL_ENV, DEFAULT_PROBE_INTERVAL_S)
     errors = start_errors()
     log.info("%s %s", PROG, __version__)
+    metrics: HttpEndpoints | None = None
+    if args.metrics_address:
+        try:
+            metrics = start_metrics(args.metrics_address)
+        except OSError as err:
+            log.error("cannot listen on %s: %s; choose another --metrics-address", args.metrics_address,
+                      err.strerror or err)
+            return 1
     current: Daemons | None = None
     chosen: Chosen | None = None
     try:
@@ -363,6 +391,8 @@ def run(args: argparse.Namespace) -> int:
             node_config.stop()
         if current is not None:
             current.stop()
+        if metrics is not None:
+            metrics.stop()
 
 
 def changed_choice(node_config: NodeConfig, chosen: Chosen | None) -> bool:
@@ -384,7 +414,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return mount_shm(build_mount_parser().parse_args(arguments[1:]).dry_run)
     if arguments[:1] == ["unmount-shm"] and len(arguments) == 3 and arguments[1].isdigit():
         return unmount_shm(int(arguments[1]), Path(arguments[2]))
-    return run(build_parser().parse_args(arguments))
+    parser = build_parser()
+    args = parser.parse_args(arguments)
+    if args.metrics_address is not None:
+        try:
+            parse_address(args.metrics_address)
+        except ValueError as err:
+            parser.error(f"--metrics-address: {err}")
+    return run(args)
 
 
 if __name__ == "__main__":

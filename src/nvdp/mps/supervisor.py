@@ -17,9 +17,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from nvdp import recording
 from nvdp.mps import control
 from nvdp.mps.commands import MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes
@@ -154,6 +155,10 @@ class ResourceDaemon:
                 return
             problem, was_running = failure
             self._publish("failing", problem)
+            if not was_running:
+                recording.mps_daemon_start(self.name, False)
+            recording.mps_daemon_ready(self.name, False)
+            recording.mps_daemon_restart(self.name)
             delay = self.backoff.next()
             if was_running:
                 self.log.warning("%s: %s; restarting it in %gs", self.name, problem, delay)
@@ -243,12 +248,14 @@ class ResourceDaemon:
             self.pid if self.pid is not None else "unknown",
             self.settings.visible_devices,
         )
-        output = control.send_commands(self.settings.commands, self.env).strip()
+        output = self._send(self.settings.commands)
         if output:
             self.log.warning("%s: the MPS control daemon answered its settings with: %s", self.name, output)
-        control.probe(self.paths.pipe_dir)
+        self._probe()
         self.paths.ready_marker.write_text(f"{self.pid or ''}\n")
         self._publish("ready", None)
+        recording.mps_daemon_start(self.name, True)
+        recording.mps_daemon_ready(self.name, True)
         self.log.info("%s: ready (%s)", self.name, self.paths.ready_marker)
 
     def _watch(self) -> str | None:
@@ -261,12 +268,31 @@ class ResourceDaemon:
             if self.pid is not None and not process_alive(self.pid):
                 return f"MPS control daemon (pid {self.pid}) exited"
             try:
-                control.probe(self.paths.pipe_dir)
+                self._probe()
             except control.MpsCommandError as err:
                 return f"MPS control daemon (pid {self.pid}) stopped answering: {err}"
             if time.monotonic() - ready_at >= BACKOFF_RESET_AFTER_S:
                 self.backoff.reset()
         return None
+
+    def _send(self, commands: Sequence[str]) -> str:
+        try:
+            output = control.send_commands(commands, self.env).strip()
+        except control.MpsCommandError:
+            for command in commands:
+                recording.mps_command(self.name, command.split()[0], False)
+            raise
+        for command in commands:
+            recording.mps_command(self.name, command.split()[0], True)
+        return output
+
+    def _probe(self) -> None:
+        try:
+            control.probe(self.paths.pipe_dir)
+        except control.MpsCommandError:
+            recording.mps_command(self.name, control.PROBE_COMMAND, False)
+            raise
+        recording.mps_command(self.name, control.PROBE_COMMAND, True)
 
     def _read_pid(self) -> int | None:
         try:
@@ -296,7 +322,7 @@ class ResourceDaemon:
         if not alive and (self.pid is not None or not self.paths.control_socket.exists()):
             return
         try:
-            control.send_commands(["quit"], self.env)
+            self._send(["quit"])
         except control.MpsCommandError as err:
             self.log.warning("%s: quit was not accepted: %s", self.name, err)
         deadline = time.monotonic() + QUIT_WAIT_S

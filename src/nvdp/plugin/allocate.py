@@ -42,7 +42,14 @@ _ADVERTISED_SHOWN = 4
 
 
 class AllocationRefused(ValueError):
-    """The request cannot be served as asked; the message names the resource, the cause and the fix."""
+    """The request cannot be served as asked; the message names the resource, the cause and the fix.
+
+    `reason` is a fixed word for the refusal counter (nvdp_allocation_refusals_total).
+    """
+
+    def __init__(self, message: str, reason: str = "invalid-request") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -155,7 +162,8 @@ def resolve_devices(resource: PlannedResource, device_ids: Sequence[str]) -> lis
     """The planned devices behind `device_ids`, in request order; refuses what this resource cannot serve."""
     if not device_ids:
         raise AllocationRefused(
-            f"{resource.name}: the request names no devices; the kubelet must send at least one"
+            f"{resource.name}: the request names no devices; the kubelet must send at least one",
+            reason="no-devices",
         )
     devices: list[PlannedDevice] = []
     for device_id in device_ids:
@@ -163,7 +171,8 @@ def resolve_devices(resource: PlannedResource, device_ids: Sequence[str]) -> lis
         if device is None:
             raise AllocationRefused(
                 f'{resource.name}: unknown device "{shown_id(device_id)}"; this node advertises '
-                f"{_describe_advertised(resource)}"
+                f"{_describe_advertised(resource)}",
+                reason="unknown-device",
             )
         devices.append(device)
     shared = resource.sharing in ("time-slicing", "mps") and any(d.replica is not None for d in devices)
@@ -172,7 +181,8 @@ def resolve_devices(resource: PlannedResource, device_ids: Sequence[str]) -> lis
             f"{resource.name} is shared ({resource.sharing}, {resource.replicas} replicas) and allows "
             f"1 device per container; the request asked for {len(device_ids)}. Request {resource.name}: 1, "
             "or set "
-            f"{_sharing_setting(resource)}: false"
+            f"{_sharing_setting(resource)}: false",
+            reason="shared-request-too-large",
         )
     return devices
 
@@ -208,7 +218,8 @@ def _mps_parts(resource: PlannedResource, config: Config) -> tuple[dict[str, str
         raise AllocationRefused(
             f"{resource.name} is shared with MPS but flags.mpsRoot is empty, so there is no pipe "
             "directory to mount; set flags.mpsRoot (--mps-root / MPS_ROOT) to the MPS daemon's host "
-            "directory, e.g. /run/nvidia/mps"
+            "directory, e.g. /run/nvidia/mps",
+            reason="mps-root-unset",
         )
     pipe = f"/mps/{resource.name}/pipe"
     mounts = [
@@ -233,7 +244,8 @@ def _device_paths(
                 raise AllocationRefused(
                     f"{resource.name}: no capability minor for MIG device {device.base_id} ({key}) in "
                     f"{MIG_MINORS_FILE}; the MIG layout changed since the plugin started, or the file is "
-                    "not readable in the plugin container. Restart the plugin after reconfiguring MIG"
+                    "not readable in the plugin container. Restart the plugin after reconfiguring MIG",
+                    reason="mig-capability-missing",
                 )
             paths.append(f"{MIG_CAP_DEV_DIR}/nvidia-cap{minor}")
     return _unique(paths)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nvdp import recording
 from nvdp.config.model import DEFAULT_IGNORED_XIDS, Config
 from nvdp.inventory.model import Gpu, Inventory
 from nvdp.plugin.guard import guarded_loop, guarded_thread
@@ -147,6 +149,7 @@ class HealthMonitor:
         self._reported: set[str] = set()
         self._initialised = False
         self._close_lock = threading.Lock()
+        self._beat = time.monotonic()  # the loop's last wake-up, for the liveness probe
 
     def start(self) -> bool:
         """Register for events and start the thread; False when health checks are off or impossible."""
@@ -171,6 +174,18 @@ class HealthMonitor:
         self._thread = guarded_thread(self._run, "health", self._log, "The health check thread")
         self._thread.start()
         return True
+
+    def stalled(self, now: float, grace_s: float = 10.0) -> str | None:
+        """Why the event loop looks stuck (None when it woke within its wait plus `grace_s`, or is off)."""
+        thread = self._thread
+        if thread is None or self._stop.is_set():
+            return None
+        if not thread.is_alive():
+            return "the health check thread has ended"
+        idle = now - self._beat
+        if idle > self._wait_ms / 1000 + grace_s:
+            return f"the health check loop has not woken for {idle:.0f}s (NVML event wait stuck?)"
+        return None
 
     def stop(self, timeout: float | None = None) -> None:
         self._stop.set()
@@ -218,6 +233,7 @@ class HealthMonitor:
         self._close()
 
     def _wait_once(self) -> None:
+        self._beat = time.monotonic()
         nvml = self._nvml
         try:
             data = nvml.nvmlEventSetWait_v2(self._event_set, self._wait_ms)
@@ -258,10 +274,12 @@ class HealthMonitor:
             self._log.debug("Skipping non-XID event type 0x%x", event_type)
             return
         xid = int(data.eventData)
+        gpu_uuid = self._event_gpu(data.device)
         if not self._policy.is_critical(xid):
+            recording.xid(gpu_uuid or "unknown", xid, "ignored")
             self._log.info("Ignoring XID %d (not critical under the current health check settings)", xid)
             return
-        gpu_uuid = self._event_gpu(data.device)
+        recording.xid(gpu_uuid or "unknown", xid, "critical")
         if gpu_uuid is None:
             targets = frozenset(g.uuid for g in self._inventory.gpus)
             self._report(targets, f"XID {xid} on a GPU that could not be identified")
@@ -296,6 +314,7 @@ class HealthMonitor:
             self._on_unhealthy(fresh, reason)
         except Exception:  # a failing consumer must not end health checking
             self._log.exception("Could not apply health event for %s", sorted(fresh))
+        recording.devices_unhealthy(fresh, reason)
 
     def _close(self) -> None:
         # Called from the thread's exit and from stop(); NVML's init count must drop only once.

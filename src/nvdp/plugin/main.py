@@ -24,21 +24,24 @@ import os
 import select
 import signal
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from nvdp import __version__
+from nvdp import __version__, recording
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan
 
 if TYPE_CHECKING:
+    from nvdp.endpoints import HttpEndpoints
     from nvdp.nodeconfig import Chosen, NodeConfig
     from nvdp.plugin.health import HealthMonitor
     from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
     from nvdp.plugin.manager import PluginManager
+    from nvdp.plugin.node_events import NodeEvents
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
@@ -59,9 +62,10 @@ class Prepared:
     plan: Plan
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     from nvdp.config.flags import add_config_arguments
     from nvdp.nodeconfig import add_node_config_arguments
+    from nvdp.plugin import observe
 
     parser = argparse.ArgumentParser(
         prog="nvidia-device-plugin",
@@ -69,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"nvidia-device-plugin {__version__}")
     add_config_arguments(parser)
+    observe.add_arguments(parser, os.environ if env is None else env)
     add_node_config_arguments(parser)
     return parser
 
@@ -131,6 +136,10 @@ class PluginProcess:
         self.manager: PluginManager | None = None
         self.watcher: KubeletSocketWatcher | None = None
         self.health: HealthMonitor | None = None
+        # Why the plugin does not serve yet, for /readyz; None once it serves (or knowingly serves nothing).
+        self.not_serving_reason: str | None = "starting"
+        self.endpoints: list[HttpEndpoints] = []
+        self.events: NodeEvents | None = None
         self.node_config: NodeConfig | None = None
         self.chosen: Chosen | None = None
         self.rejected: Chosen | None = None
@@ -196,6 +205,8 @@ class PluginProcess:
         self.watch_kubelet(prepared.config, KubeletSocketWatcher)
         self.manager.apply(prepared.plan)
         self.start_health(prepared)
+        self.not_serving_reason = None
+        recording.config_active(prepared.config.source, self.entry())
         if not prepared.plan.resources:
             self.log.info("No devices found. Waiting indefinitely.")
         settle_heap(collect=False)
@@ -208,7 +219,12 @@ class PluginProcess:
             self.watcher.stop()
         manager = self.manager
         assert manager is not None
-        self.watcher = watcher_type(path, manager.kubelet_restarted, self.log)
+
+        def kubelet_restarted() -> None:
+            recording.kubelet_restart()
+            manager.kubelet_restarted()
+
+        self.watcher = watcher_type(path, kubelet_restarted, self.log)
         self.watcher.start()
 
     def start_health(self, prepared: Prepared) -> None:
@@ -231,13 +247,19 @@ class PluginProcess:
         try:
             prepared = self.prepare()
         except (StartupError, NvmlMissing) as err:
+            # Per-node config records its own event for this (InvalidConfig, with the entry's name).
+            recording.config_refused(str(err), time.time(), notify=self.node_config is None)
             self.log.error("Reload failed; still serving the previous configuration.\n%s", err)
             return str(err)
         except Exception as err:  # whatever went wrong, a reload must not take a serving plugin down
+            error = f"{type(err).__name__}: {err}"
+            recording.config_refused(error, time.time(), notify=self.node_config is None)
             self.log.exception("Reload failed unexpectedly (%s: %s); still serving the previous "
                                "configuration", type(err).__name__, err)
-            return f"{type(err).__name__}: {err}"
+            return error
         if self.manager is None:
+            recording.config_applied(prepared.config.source, "first configuration served", True, time.time(),
+                                     notify=self.node_config is None)
             self.serve(prepared)
             return None
         from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
@@ -248,6 +270,10 @@ class PluginProcess:
             self.health = None
         diff = self.manager.apply(prepared.plan, prepared.config, prepared.inventory)
         self.log.info("Reload applied: %s", diff.describe())
+        changed = bool(diff.added or diff.removed or diff.changed or diff.restarted)
+        recording.config_applied(prepared.config.source, diff.describe(), changed, time.time(),
+                                 notify=self.node_config is None)
+        recording.config_active(prepared.config.source, self.entry())
         self.watch_kubelet(prepared.config, KubeletSocketWatcher)
         self.start_health(prepared)
         if not prepared.plan.resources:
@@ -327,6 +353,11 @@ class PluginProcess:
                            f"{current.describe()}:\n{error}")
 
     def shutdown(self) -> None:
+        for endpoint in self.endpoints:
+            endpoint.stop()
+        if self.events is not None:
+            recording.set_events(None)
+            self.events.close()
         if self.node_config is not None:
             self.node_config.stop()
         if self.health is not None:
@@ -338,7 +369,27 @@ class PluginProcess:
             self.log.info("Stopping plugins.")
             self.manager.stop()
 
+    def entry(self) -> str:
+        """The per-node config entry in force ("" with a single config file)."""
+        return (self.chosen.entry or "") if self.chosen is not None else ""
+
+    def start_endpoints(self) -> bool:
+        from nvdp.plugin import observe
+
+        try:
+            self.endpoints = observe.start(self, self.args, self.log)
+        except OSError as err:
+            self.log.error("%s; choose another port (--metrics-address / --health-address)", err)
+            return False
+        return True
+
     def run(self, inbox: SignalInbox) -> int:
+        from nvdp.plugin.node_events import NodeEvents
+
+        if not self.start_endpoints():
+            return EXIT_FAILED
+        self.events = NodeEvents.from_env(self.env, self.log)
+        recording.set_events(self.events)
         try:
             self.start_node_config(inbox)
             prepared = self.prepare_first()
@@ -353,6 +404,7 @@ class PluginProcess:
                 return EXIT_FAILED
             self.log.warning("%s", err)
             self.log.warning("failOnInitError is false: serving nothing; send SIGHUP to retry")
+            self.not_serving_reason = None
             self.log.info("No devices found. Waiting indefinitely.")
         else:
             self.serve(prepared)
@@ -443,7 +495,11 @@ def setup_logging() -> logging.Logger:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from nvdp.plugin import observe
+
+    observe.check_addresses(parser, args)
     log = setup_logging()
     log.info("Starting NVIDIA device plugin (nvdp %s)", __version__)
     inbox = SignalInbox()

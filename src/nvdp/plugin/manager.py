@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan, PlannedResource
+from nvdp.plugin.probes import ResourceStatus
 from nvdp.plugin.resource import (
     GateFactory,
     ReadinessGate,
@@ -145,6 +146,26 @@ class PluginManager:
         with self._lock:
             resources = list(self._resources.values())
         return any(r.pending for r in resources)
+
+    def resource_status(self) -> list[ResourceStatus]:
+        """Each planned resource: registered or not, and why an MPS gate holds it back (for /readyz)."""
+        with self._lock:
+            resources = list(self._resources.values())
+        return [
+            ResourceStatus(r.name, r.registered, getattr(r.gate, "waiting_reason", None)) for r in resources
+        ]
+
+    def sockets(self) -> list[tuple[str, str]]:
+        """(resource, socket path) of every resource's server, started or not (for /healthz)."""
+        with self._lock:
+            return [(r.name, r.server.socket_path) for r in self._resources.values()]
+
+    def responsive(self, timeout: float) -> bool:
+        """False when the manager's lock stays taken for `timeout` seconds: something is stuck."""
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        self._lock.release()
+        return True
 
     # --- reconciling -------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from nvdp import recording
 from nvdp.mps import control
 from nvdp.mps.paths import HOST_ROOT_ENV, ResourcePaths, container_root, unusable_root, unusable_root_message
 from nvdp.mps.status import DaemonStatus, read_status
@@ -65,6 +66,8 @@ class MpsGate:
         self.probe_interval_s = probe_interval_s
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        # What is missing while the resource is held back (readiness and Events show it); None when ready.
+        self.waiting_reason: str | None = None
 
     @classmethod
     def from_env(
@@ -129,9 +132,13 @@ class MpsGate:
         waited = 0.0
         while True:
             problem = self.problem()
+            self.waiting_reason = problem
             if problem is None:
                 self.log.info("%s: MPS control daemon is ready", self.resource_name)
+                recording.mps_ready(self.resource_name, True)
                 return True
+            if last_logged is None:
+                recording.mps_ready(self.resource_name, False, problem)
             if last_logged is None or waited - last_logged >= self.interval_s:
                 self.log.warning("%s", problem)
                 last_logged = waited
@@ -160,10 +167,12 @@ class MpsGate:
                 # the next probe tries again; guarded_loop would only log it and leave the state.
                 self.log.exception("%s: checking the MPS control daemon failed", self.resource_name)
                 problem = f"{self.resource_name}: checking the MPS control daemon failed: {err}"
+            self.waiting_reason = problem
             now = problem is None
             if now == state:
                 return
             state = now
+            recording.mps_ready(self.resource_name, now, problem or "")
             if now:
                 self.log.info("%s: MPS control daemon answers again; devices are Healthy", self.resource_name)
             else:
@@ -180,6 +189,7 @@ class MpsGate:
 
     def close(self) -> None:
         self._stop.set()
+        recording.mps_gone(self.resource_name)
         if self._watcher is not None:
             self._watcher.join()
             self._watcher = None

@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, replace
@@ -21,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from nvdp import recording
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedDevice, PlannedResource
@@ -305,12 +307,14 @@ class ResourceServer:
             "device-plugins directory (k3s and microk8s use other paths)"
         )
         if not os.path.exists(kubelet_socket):
+            recording.registration(name, False)
             raise RegistrationError(f"cannot register {name}: no kubelet socket at {kubelet_socket}; {hint}")
         try:
             # wait_for_ready: connect (or keep retrying the connection) within the same deadline.
             with _fresh_channel(kubelet_socket) as channel:
                 pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as err:
+            recording.registration(name, False)
             if not os.path.exists(kubelet_socket):
                 raise RegistrationError(
                     f"cannot register {name}: {kubelet_socket} was removed while registering (the kubelet "
@@ -324,6 +328,7 @@ class ResourceServer:
             raise RegistrationError(
                 f"the kubelet at {kubelet_socket} refused {name}: {err.code().name}: {err.details()}"
             ) from err
+        recording.registration(name, True)
         self.log.info("Registered device plugin for '%s' with Kubelet", name)
 
     def update(self, resource: PlannedResource) -> None:
@@ -447,6 +452,7 @@ class ResourceServer:
                 message = self._device_list()
 
     def _allocate(self, request: Any, context: Any) -> Any:
+        started = time.perf_counter()
         # An answer is a pure function of the requested IDs and the plan, so it is computed once per
         # plan (update() starts afresh) - except with CDI annotations, whose key is new every time.
         key = tuple(tuple(container.devices_ids) for container in request.container_requests)
@@ -457,12 +463,14 @@ class ResourceServer:
             answer = self._answer(resource, key, context)
             if self._answers_reusable and len(answers) < _ANSWERS_KEPT:
                 answers[key] = answer
-        for shown, unhealthy in zip(answer.shown, answer.unhealthy, strict=True):
+        for ids, shown, unhealthy in zip(key, answer.shown, answer.unhealthy, strict=True):
             if unhealthy:
                 self.log.warning(
                     "Allocate for %s includes unhealthy devices %s", resource.name, list(unhealthy)
                 )
             self.log.info("Allocate %s: %s", resource.name, shown)
+            recording.allocated(resource.name, len(ids))
+        recording.allocate_duration(resource.name, time.perf_counter() - started)
         return answer.response
 
     @property
@@ -484,6 +492,7 @@ class ResourceServer:
                     cdi_uuid=self._cdi_uuid,
                 )
             except AllocationRefused as err:
+                recording.allocation_refused(resource.name, err.reason)
                 self.log.warning("Refused Allocate for %s %s: %s", resource.name, shown_ids(ids), err)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 raise  # abort() raises; this keeps type checkers aware of it

@@ -1,0 +1,1 @@
+"""`nvdp doctor`: diagnose a GPU node and the plugin on it."""

@@ -1,0 +1,144 @@
+"""The plugin's HTTP endpoints: /metrics (with --metrics-address), /healthz and /readyz.
+
+`--metrics-address` serves all three; `--health-address` only the probes (no prometheus-client import
+at all). Given the same address, one server answers both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from nvdp import recording
+from nvdp.endpoints import HttpEndpoints, Response, Route, parse_address
+from nvdp.plugin.probes import Check, liveness, readiness
+
+if TYPE_CHECKING:
+    from nvdp.plugin.main import PluginProcess
+
+METRICS_ADDRESS_ENV = "METRICS_ADDRESS"
+HEALTH_ADDRESS_ENV = "HEALTH_ADDRESS"
+# Each liveness check is bounded, so a stuck plugin answers the probe (not live) instead of timing out.
+SERVER_CALL_TIMEOUT_S = 2.0
+LOCK_TIMEOUT_S = 2.0
+
+
+def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    group = parser.add_argument_group("observability (off unless given)")
+    group.add_argument(
+        "--metrics-address", default=env.get(METRICS_ADDRESS_ENV) or None, metavar="HOST:PORT",
+        help="serve Prometheus metrics at /metrics, and /healthz and /readyz, e.g. :9445 "
+        f"(env {METRICS_ADDRESS_ENV})",
+    )
+    group.add_argument(
+        "--health-address", default=env.get(HEALTH_ADDRESS_ENV) or None, metavar="HOST:PORT",
+        help=f"serve only /healthz and /readyz, e.g. :9447 (env {HEALTH_ADDRESS_ENV})",
+    )
+
+
+def check_addresses(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for flag in ("metrics_address", "health_address"):
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        try:
+            parse_address(value)
+        except ValueError as err:
+            parser.error(f"--{flag.replace('_', '-')}: {err}")
+
+
+def server_answers(socket_path: str) -> str | None:
+    """None when the resource's gRPC server answers GetDevicePluginOptions, else why not."""
+    import grpc
+
+    from nvdp.plugin.api import deviceplugin_pb2 as pb
+    from nvdp.plugin.api import deviceplugin_pb2_grpc as pb_grpc
+    from nvdp.plugin.server import _fresh_channel
+
+    stub: Any = pb_grpc.DevicePluginStub
+    try:
+        with _fresh_channel(socket_path) as channel:
+            stub(channel).GetDevicePluginOptions(pb.Empty(), timeout=SERVER_CALL_TIMEOUT_S)
+    except grpc.RpcError as err:
+        return f"does not answer on {socket_path}: {err.code().name}"
+    return None
+
+
+class PluginEndpoints:
+    """Answers the probes and scrapes from the running plugin's state."""
+
+    def __init__(
+        self, process: PluginProcess, call_server: Callable[[str], str | None] = server_answers
+    ) -> None:
+        self._process = process
+        self._call_server = call_server
+
+    def readyz(self) -> Response:
+        process = self._process
+        manager = process.manager
+        if manager is None:  # not serving yet, or knowingly nothing (no NVML, failOnInitError false)
+            return readiness(process.not_serving_reason, [])
+        return readiness(None, manager.resource_status())
+
+    def healthz(self) -> Response:
+        checks: list[Check] = []
+        manager = self._process.manager
+        if manager is not None:
+            stuck = None if manager.responsive(LOCK_TIMEOUT_S) else f"lock held for over {LOCK_TIMEOUT_S:g}s"
+            checks.append(Check("manager", stuck))
+            for name, socket_path in manager.sockets():
+                # No socket: not started yet (held by a gate, retrying), or removed by a restarting
+                # kubelet and being replaced; neither is a hang.
+                if os.path.exists(socket_path):
+                    checks.append(Check(f"server {name}", self._call_server(socket_path)))
+        health = self._process.health
+        if health is not None:
+            checks.append(Check("health loop", health.stalled(time.monotonic())))
+        return liveness(checks)
+
+    def metrics(self) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        series = recording.enable()
+        manager = self._process.manager
+        if manager is not None:
+            plan = manager.plan
+            devices = [
+                (r.name, sum(d.healthy for d in r.devices), sum(not d.healthy for d in r.devices))
+                for r in plan.resources
+            ]
+            recording.resource_state(devices, manager.registered)
+        return Response(200, generate_latest(series.PLUGIN), CONTENT_TYPE_LATEST)
+
+
+def start(process: PluginProcess, args: argparse.Namespace, log: logging.Logger) -> list[HttpEndpoints]:
+    """Start the servers the flags ask for; OSError (port taken) propagates with the address in it."""
+    endpoints = PluginEndpoints(process)
+    probes: dict[str, Route] = {"/healthz": endpoints.healthz, "/readyz": endpoints.readyz}
+    wanted: dict[str, dict[str, Route]] = {}
+    # getattr: a process built from a bare Namespace (tests, embedding) serves nothing.
+    metrics_address = getattr(args, "metrics_address", None)
+    health_address = getattr(args, "health_address", None)
+    if metrics_address:
+        recording.enable()
+        wanted[metrics_address] = {**probes, "/metrics": endpoints.metrics}
+    if health_address:
+        wanted.setdefault(health_address, {}).update(probes)
+    servers: list[HttpEndpoints] = []
+    try:
+        for address, routes in wanted.items():
+            server = HttpEndpoints(address, routes, log)
+            try:
+                server.start()
+            except OSError as err:
+                raise OSError(f"cannot listen on {address}: {err.strerror or err}") from err
+            servers.append(server)
+    except OSError:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
