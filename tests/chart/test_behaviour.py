@@ -294,8 +294,15 @@ def test_per_node_config_grants_node_reads_and_event_writes_only(config: dict[st
     assert {p["port"] for p in ports} == {443, 6443}
 
 
-def test_events_grant_only_creating_events_to_the_plugin() -> None:
+def test_one_inline_config_needs_no_api_access_by_default() -> None:
     rendered = render({"config": {"map": {"c": MPS_CONFIG}}})
+    assert not {o["kind"] for o in rendered.objects} & {"ClusterRole", "ClusterRoleBinding", "Role"}
+    assert all(not ds["spec"]["template"]["spec"]["automountServiceAccountToken"]
+               for ds in rendered.find("DaemonSet"))
+
+
+def test_events_grant_only_creating_events_to_the_plugin() -> None:
+    rendered = render({"config": {"map": {"c": MPS_CONFIG}}, "events": {"enabled": True}})
     (role,) = rendered.find("ClusterRole")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
     (binding,) = rendered.find("ClusterRoleBinding")
