@@ -18,11 +18,9 @@ SCENARIO = "seed 004 + gfd.enabled"
 pytestmark = pytest.mark.incremental
 N = "nvidia.com/"
 MPS_LABEL = N + "mps.capable"
-# The kit has no kube-proxy and its pods no route out of their bridge, so the labeller runs on the host
-# network and the host maps the `kubernetes` Service address its in-cluster config dials to the API
-# server, as kube-proxy would. The labeller itself is unchanged.
+# The labeller runs on the host network, where `Cluster.kubernetes_service_route` lets it reach the API
+# server on the kit (no kube-proxy there). The labeller itself is unchanged.
 GFD_ON = ("--set", "gfd.enabled=true", "--set", "gfd.enableHostNetwork=true")
-SERVICE_NAT = "OUTPUT -d 10.0.0.1/32 -p tcp --dport 443 -j DNAT --to-destination 127.0.0.1:6443"
 
 
 def gfd_labels(cluster: Cluster) -> dict[str, str]:
@@ -42,10 +40,8 @@ def release(cluster: Cluster, images: Images) -> Iterator[Release]:
     cluster.label({"serverType": "gpu", MPS_LABEL: None})
     cluster.label(owned_labels_none(cluster) or {MPS_LABEL: None})
     release = Release(cluster, images, "nvdp", "nvdp-e2e-gfd")
-    if cluster.host(f"iptables -w -t nat -C {SERVICE_NAT}", check=False).returncode != 0:
-        cluster.host(f"iptables -w -t nat -A {SERVICE_NAT}")
-    yield release
-    cluster.host(f"iptables -w -t nat -D {SERVICE_NAT}", check=False)
+    with cluster.kubernetes_service_route():
+        yield release
     release.uninstall()
     cluster.label({"serverType": None, **owned_labels_none(cluster)} | {MPS_LABEL: None})
     cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
