@@ -124,8 +124,9 @@ def test_unknown_entry_keeps_the_config_and_records_an_event(cluster: Cluster, r
     timings.add(SCENARIO, f"label {LABEL}=nope -> Event on the Node", seconds)
     assert event["type"] == "Warning"
     assert "entries: plain, ts" in event["message"], event["message"]
-    # A re-plan that should not happen gets the time a real switch takes (a few seconds) to show.
-    seen += allocatable_for(cluster, seconds=8)
+    # A re-plan that should not happen gets the time a real switch takes to show: the kubelet publishes
+    # allocatable with its node status, every 10 s by default.
+    seen += allocatable_for(cluster, seconds=12)
     assert set(seen) == {4}, f"allocatable after the unknown label: {seen}"
     assert plugin_pod(release) == (uid, 0, "Running")
     assert "Traceback" not in release.logs()
