@@ -63,6 +63,8 @@ def test_start_sends_commands_then_marks_ready(
     caplog.set_level(logging.INFO, "test.mps")
     daemon.start()
     assert wait_for(daemon.paths.ready_marker.exists)
+    # The marker is written before the "ready" line is logged: wait for the line too.
+    assert wait_for(lambda: any(r.getMessage().startswith("nvidia.com/gpu: ready (") for r in caplog.records))
     assert recorded_commands(record) == [
         "set_default_active_thread_percentage 10",
         "set_default_device_pinned_mem_limit 0 1536M",
