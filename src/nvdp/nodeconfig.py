@@ -214,13 +214,16 @@ class NodeConfig:
                 raise
             self.report("UnknownConfig", f"{err}; starting without it")
             selection = select_entry(entries, None, s.default, s.fallbacks, s.label_name)
-        path = entry_path(s.config_dir, selection.entry) if selection.entry is not None else None
-        return Chosen(selection, path, fingerprint(path))
+        return self._chosen(selection)
 
     def without_label(self) -> Chosen:
         s = self.settings
-        selection = select_entry(list_entries(s.config_dir), None, s.default, s.fallbacks, s.label_name)
-        path = entry_path(s.config_dir, selection.entry) if selection.entry is not None else None
+        entries = list_entries(s.config_dir)
+        return self._chosen(select_entry(entries, None, s.default, s.fallbacks, s.label_name))
+
+    def _chosen(self, selection: Selection) -> Chosen:
+        entry = selection.entry
+        path = entry_path(self.settings.config_dir, entry) if entry is not None else None
         return Chosen(selection, path, fingerprint(path))
 
     # --- telling the admin ---------------------------------------------------------------------
