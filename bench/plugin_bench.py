@@ -4,10 +4,11 @@
     .venv/bin/python bench/plugin_bench.py --against-nvidia    # nvdp next to NVIDIA's plugin v0.20.0
 
 The first form prints one row per metric with its target and pass/FAIL. `--against-nvidia` unpacks
-NVIDIA's plugin and NVIDIA's mock NVML (8x A100) from ../shared/upstream, runs both plugins on that
-library with the same simulator, alternating which goes first in each round, and prints the median
-of every figure for both, their ratio and nvdp's target. NVIDIA's mock cannot deliver events, so XID
-latency runs both plugins on nvdp's stand-in. NVIDIA's plugin hard-codes the kubelet's socket folder
+NVIDIA's plugin and NVIDIA's mock NVML (8x A100) from ../shared/upstream, runs both plugins and the
+floor (bench/floor_plugin.py: the least a Python plugin must do) on that library with the same
+simulator, rotating which goes first in each round, and prints the median of every figure for each,
+nvdp/NVIDIA, nvdp/floor and nvdp's target. NVIDIA's mock cannot deliver events, so XID latency runs
+both plugins on nvdp's stand-in; the floor neither re-registers nor watches health. NVIDIA's plugin hard-codes the kubelet's socket folder
 and needs a private mount namespace (root); without root the mode says so and skips.
 
 Exit status 0 even when a target is missed (the table is the result); 1 only when the benchmark
@@ -43,7 +44,9 @@ UPSTREAM_DIR = Path(os.environ.get("NVDP_UPSTREAM_SHARED", ROOT.parent / "shared
 PYCACHE = ROOT / ".build" / "bench-pycache"
 RESOURCE = "nvidia.com/gpu"
 STARTS_PER_ROUND = 3  # one start is one noisy sample; each round takes the median of these
-NVIDIA, NVDP = "NVIDIA v0.20.0", "nvdp"
+NVIDIA, NVDP, FLOOR = "NVIDIA v0.20.0", "nvdp", "floor"
+# The least a Python device plugin must do (bench/floor_plugin.py): nvdp's cost above it is its own.
+FLOOR_MODULE = "floor_plugin"
 
 REPLICAS_128 = """\
 version: v1
@@ -113,6 +116,7 @@ def plugin(
 
     `profile` names a stand-in NVML profile; None runs on NVIDIA's mock NVML (`upstream` unpacked).
     `src` runs nvdp from another source tree (a baseline); `kind` is then that baseline's label.
+    `kind=FLOOR` runs bench/floor_plugin.py with nvdp's environment; it reads no config.
     """
     with tempfile.TemporaryDirectory(prefix="nvdp-bench-") as tmp:
         work = Path(tmp)
@@ -124,7 +128,11 @@ def plugin(
             config_file.write_text(config)
         node = NodeSim(profile, work / "state") if profile is not None else None
         nvml_env = node.env if node is not None else {"LD_LIBRARY_PATH": str(upstream / "lib")}  # type: ignore[operator]
-        if kind != NVIDIA:
+        if kind == FLOOR:
+            env = nvdp_env(plugin_dir, None)
+            env["PYTHONPATH"] = os.pathsep.join((str(ROOT / "bench"), env["PYTHONPATH"]))
+            argv = [sys.executable, "-m", FLOOR_MODULE]  # -m: from cached bytecode, as nvdp's modules
+        elif kind != NVIDIA:
             env = nvdp_env(plugin_dir, config_file, src or ROOT / "src")
             argv = nvdp_command(python_args)
         else:
@@ -327,6 +335,8 @@ def unpack_upstream() -> Path:
 
 
 def measure_one(kind: str, upstream: Path, calls: int, pref_calls: int, src: Path | None) -> dict[str, float]:
+    """The FIGURES of one plugin; the floor has neither re-registration nor health, so no rereg and xid."""
+    floor = kind == FLOOR
     figures: dict[str, float] = {}
     starts = []
     for _ in range(STARTS_PER_ROUND - 1):  # the last start is the long-running process below
@@ -346,12 +356,15 @@ def measure_one(kind: str, upstream: Path, calls: int, pref_calls: int, src: Pat
         figures["pref_8"] = preferred_p50(kubelet, ids, 8, pref_calls)
         time.sleep(max(0.0, 5.0 - (time.monotonic() - run.started_at)))
         figures["hwm"] = proc_status_mib(run.process.pid, "VmHWM")
-        figures["rereg"] = reregister_ms(kubelet)
-    with plugin(None, REPLICAS_128, kind=kind, upstream=upstream, src=src) as run:
+        if not floor:
+            figures["rereg"] = reregister_ms(kubelet)
+    replicas = {"FLOOR_REPLICAS": "128"} if floor else None  # the floor's stand-in for REPLICAS_128
+    with plugin(None, REPLICAS_128, kind=kind, upstream=upstream, src=src, extra_env=replicas) as run:
         devices = run.kubelet.wait_for_resource(RESOURCE, count=1024, timeout=30)
         figures["pref_1024"] = preferred_p50(run.kubelet, [d["id"] for d in devices], 8, pref_calls)
-    with plugin("a100-sxm-8", kind=kind, upstream=upstream, src=src) as run:
-        figures["xid"] = xid_ms(run)
+    if not floor:
+        with plugin("a100-sxm-8", kind=kind, upstream=upstream, src=src) as run:
+            figures["xid"] = xid_ms(run)
     return figures
 
 
@@ -362,8 +375,8 @@ def against_nvidia(runs: int, calls: int, pref_calls: int, baselines: dict[str, 
         return 0
     upstream = unpack_upstream()
     warm_bytecode()
-    kinds = [NVIDIA, *baselines, NVDP]
-    for label, src in baselines.items():
+    kinds = [NVIDIA, *baselines, NVDP, FLOOR]
+    for label, src in [*baselines.items(), (FLOOR, None)]:
         with plugin("t4", kind=label, src=src) as run:  # its bytecode, as for nvdp
             wait_until(lambda: bool(run.kubelet.registrations))
     results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
@@ -378,22 +391,35 @@ def against_nvidia(runs: int, calls: int, pref_calls: int, baselines: dict[str, 
           "calls per round; NVIDIA's mock NVML (8x A100) except XID")
     for label, src in baselines.items():
         print(f"{label}: nvdp from {src}")
+    print(f"{FLOOR}: bench/floor_plugin.py, the least a Python plugin must do (8x128: FLOOR_REPLICAS=128); "
+          "it neither re-registers nor watches health: '-'")
     print(f"load average (1/5/15 min) before and after each round: {' | '.join(loads)}\n")
-    header = ("figure", *kinds, "nvdp/NVIDIA", "nvdp target", "met")
+    print_rows(comparison_table(kinds, results))
+    return 0
+
+
+def ratio(ours: float, other: float | None) -> str:
+    return f"{ours / other:.2f}" if other else "-"
+
+
+def comparison_table(kinds: list[str], results: dict[str, list[dict[str, float]]]) -> list[tuple[str, ...]]:
+    """Medians per figure and plugin; a figure a plugin does not have (the floor's) shows as "-"."""
+    header = ("figure", *kinds, "nvdp/NVIDIA", "nvdp/floor", "nvdp target", "met")
     table: list[tuple[str, ...]] = [header]
     for figure in FIGURES:
-        medians = {kind: statistics.median(r[figure.key] for r in results[kind]) for kind in kinds}
-        theirs, ours = medians[NVIDIA], medians[NVDP]
+        medians = {kind: statistics.median(r[figure.key] for r in results[kind])
+                   for kind in kinds if results[kind] and figure.key in results[kind][0]}
+        theirs, ours, floor = medians[NVIDIA], medians[NVDP], medians.get(FLOOR)
         digits = 2 if figure.unit == "ms" and max(medians.values()) < 10 else 1
         table.append((
             figure.label,
-            *(f"{medians[kind]:.{digits}f} {figure.unit}" for kind in kinds),
-            f"{ours / theirs:.2f}" if theirs else "-",
+            *(f"{medians[kind]:.{digits}f} {figure.unit}" if kind in medians else "-" for kind in kinds),
+            ratio(ours, theirs),
+            ratio(ours, floor),
             figure.target_text,
             "yes" if figure.target(ours, theirs) else "NO",
         ))
-    print_rows(table)
-    return 0
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,8 +41,44 @@ def test_side_by_side_prints_both_plugins_or_the_reason() -> None:
     if reason is not None:
         assert f"skipped --against-nvidia: {reason}" in result.stdout
         pytest.skip(f"side-by-side mode cannot run here: {reason}")
-    header = next(line for line in result.stdout.splitlines() if line.startswith("figure"))
-    assert "NVIDIA v0.20.0" in header and "nvdp/NVIDIA" in header
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("figure"))
+    assert header.split()[:5] == ["figure", "NVIDIA", "v0.20.0", "nvdp", "floor"]
+    assert "nvdp/NVIDIA" in header and "nvdp/floor" in header
     for figure in bench.FIGURES:
-        assert figure.label in result.stdout
+        row = next(line for line in lines if line.startswith(figure.label))
+        cells = row[len(figure.label):].split()
+        nvidia, nvdp, floor = cells[0], cells[2], cells[4]  # "0.45 ms": two cells per figure
+        assert nvidia != "-" and nvdp != "-", row
+        assert (floor == "-") == (figure.key in ("rereg", "xid")), row
     assert "load average" in result.stdout
+
+
+def test_floor_plugin_registers_and_allocates_the_requested_ids() -> None:
+    """The floor under nvdp's figures is a working plugin, or the floor column would measure nothing."""
+    bench = _bench_module()
+    with bench.plugin("mixed-4", kind=bench.FLOOR) as run:
+        bench.wait_until(lambda: bool(run.kubelet.registrations), timeout=30)
+        registration = run.kubelet.registrations[0]
+        assert (registration["version"], registration["resource_name"]) == ("v1beta1", bench.RESOURCE)
+        uuids = [gpu.uuid for gpu in run.node.inventory.gpus]
+        devices = run.kubelet.wait_for_resource(bench.RESOURCE, count=4, healthy=4, timeout=30)
+        assert [d["id"] for d in devices] == uuids
+        assert run.kubelet.options(bench.RESOURCE)["get_preferred_allocation_available"] is True
+        response = run.kubelet.allocate(bench.RESOURCE, [[uuids[2], uuids[0]], [uuids[3]]])
+        assert [c["envs"] for c in response["container_responses"]] == [
+            {"NVIDIA_VISIBLE_DEVICES": f"{uuids[2]},{uuids[0]}"}, {"NVIDIA_VISIBLE_DEVICES": uuids[3]}]
+        assert run.kubelet.preferred(bench.RESOURCE, uuids, [uuids[3]], 2) == [uuids[3], uuids[0]]
+    assert run.process.returncode == 0, run.log_path.read_text()
+
+
+def test_floor_plugin_advertises_replicas_for_the_time_slicing_figure() -> None:
+    bench = _bench_module()
+    with bench.plugin("t4", kind=bench.FLOOR, extra_env={"FLOOR_REPLICAS": "3"}) as run:
+        uuid = run.node.inventory.gpus[0].uuid
+        devices = run.kubelet.wait_for_resource(bench.RESOURCE, count=3, timeout=30)
+        ids = [d["id"] for d in devices]
+        assert ids == [f"{uuid}::{n}" for n in range(3)]
+        response = run.kubelet.allocate(bench.RESOURCE, [ids[1:]])
+        assert response["container_responses"][0]["envs"] == {"NVIDIA_VISIBLE_DEVICES": uuid}
+        assert run.kubelet.preferred(bench.RESOURCE, ids, [], 2) == ids[:2]
