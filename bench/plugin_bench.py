@@ -8,8 +8,9 @@ NVIDIA's plugin and NVIDIA's mock NVML (8x A100) from ../shared/upstream, runs b
 floor (bench/floor_plugin.py: the least a Python plugin must do) on that library with the same
 simulator, rotating which goes first in each round, and prints the median of every figure for each,
 nvdp/NVIDIA, nvdp/floor and nvdp's target. NVIDIA's mock cannot deliver events, so XID latency runs
-both plugins on nvdp's stand-in; the floor neither re-registers nor watches health. NVIDIA's plugin hard-codes the kubelet's socket folder
-and needs a private mount namespace (root); without root the mode says so and skips.
+both plugins on nvdp's stand-in; the floor neither re-registers nor watches health. NVIDIA's plugin
+hard-codes the kubelet's socket folder and needs a private mount namespace (root); without root the
+mode says so and skips.
 
 Exit status 0 even when a target is missed (the table is the result); 1 only when the benchmark
 itself could not run.
