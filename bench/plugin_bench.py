@@ -82,9 +82,13 @@ def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+# What the image's entry point (the `nvidia-device-plugin` console script) runs; `-m` would add runpy.
+ENTRY_POINT = "import sys\nfrom nvdp.plugin.main import main\nsys.exit(main())"
+
+
 def nvdp_command(python_args: list[str] | None = None) -> list[str]:
-    """`python -m nvdp.plugin.main`; `python_args` replaces everything after the interpreter."""
-    return [sys.executable, *(python_args or ["-m", "nvdp.plugin.main"])]
+    """The plugin as its console script starts it; `python_args` replaces everything after the interpreter."""
+    return [sys.executable, *(python_args or ["-c", ENTRY_POINT])]
 
 
 def nvdp_env(plugin_dir: Path, config_file: Path | None, src: Path = ROOT / "src") -> dict[str, str]:
