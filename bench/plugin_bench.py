@@ -47,7 +47,7 @@ RESOURCE = "nvidia.com/gpu"
 STARTS_PER_ROUND = 3  # one start is one noisy sample; each round takes the median of these
 NVIDIA, NVDP, FLOOR = "NVIDIA v0.20.0", "nvdp", "floor"
 # The least a Python device plugin must do (bench/floor_plugin.py): nvdp's cost above it is its own.
-FLOOR_MODULE = "floor_plugin"
+FLOOR_ENTRY_POINT = "import sys\nfrom floor_plugin import main\nsys.exit(main())"
 
 REPLICAS_128 = """\
 version: v1
@@ -86,9 +86,13 @@ def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+# What the image's entry point (the `nvidia-device-plugin` console script) runs; `-m` would add runpy.
+ENTRY_POINT = "import sys\nfrom nvdp.plugin.main import main\nsys.exit(main())"
+
+
 def nvdp_command(python_args: list[str] | None = None) -> list[str]:
-    """`python -m nvdp.plugin.main`; `python_args` replaces everything after the interpreter."""
-    return [sys.executable, *(python_args or ["-m", "nvdp.plugin.main"])]
+    """The plugin as its console script starts it; `python_args` replaces everything after the interpreter."""
+    return [sys.executable, *(python_args or ["-c", ENTRY_POINT])]
 
 
 def nvdp_env(plugin_dir: Path, config_file: Path | None, src: Path = ROOT / "src") -> dict[str, str]:
@@ -132,7 +136,7 @@ def plugin(
         if kind == FLOOR:
             env = nvdp_env(plugin_dir, None)
             env["PYTHONPATH"] = os.pathsep.join((str(ROOT / "bench"), env["PYTHONPATH"]))
-            argv = [sys.executable, "-m", FLOOR_MODULE]  # -m: from cached bytecode, as nvdp's modules
+            argv = [sys.executable, "-c", FLOOR_ENTRY_POINT]  # imported from cached bytecode, as nvdp
         elif kind != NVIDIA:
             env = nvdp_env(plugin_dir, config_file, src or ROOT / "src")
             argv = nvdp_command(python_args)

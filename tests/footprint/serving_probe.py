@@ -1,9 +1,9 @@
 """Runs the plugin (nvdp.plugin.main) with a probe: SIGUSR1 writes what the serving process holds.
 
 Started as a script by test_serving_footprint.py. Every pynvml function is wrapped to count its
-calls; on SIGUSR1 the probe writes JSON to $NVDP_PROBE_OUT: the imported modules, the Python
-threads, the OS thread count, the NVML calls so far and what the cyclic GC tracks. Nothing here
-changes what the plugin does.
+calls; on SIGUSR1 the probe writes JSON to $NVDP_PROBE_OUT: the imported modules (and which of
+them are stand-ins not loaded yet), the Python threads, the OS thread count, the NVML calls so
+far and what the cyclic GC tracks. Nothing here changes what the plugin does.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def write_probe(signum: int, frame: FrameType | None) -> None:
         os_threads = next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
     probe = {
         "modules": sorted(sys.modules),
+        # Names whose real module has not been loaded (nvdp.plugin.grpc_import's stand-ins).
+        "not_loaded": sorted(n for n, m in sys.modules.items() if type(m).__name__ == "_LoadedOnFirstUse"),
         "threads": sorted(t.name for t in threading.enumerate()),
         "os_threads": os_threads,
         "nvml_calls": dict(NVML_CALLS),

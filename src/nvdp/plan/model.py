@@ -75,16 +75,17 @@ class Plan:
 
         A GPU's UUID marks all its replicas and MIG devices; a MIG UUID marks that MIG device.
         """
+        def marked(device: PlannedDevice) -> bool:
+            return device.healthy and (device.base_id in uuids or any(g in uuids for g in device.gpu_uuids))
+
+        # Unchanged resources (and the plan, when nothing changes) stay the same objects: the health
+        # path compares them with the running ones right after, and identity answers that at once.
         resources = tuple(
-            replace(
-                r,
-                devices=tuple(
-                    replace(d, healthy=False)
-                    if d.base_id in uuids or any(g in uuids for g in d.gpu_uuids)
-                    else d
-                    for d in r.devices
-                ),
-            )
+            replace(r, devices=tuple(replace(d, healthy=False) if marked(d) else d for d in r.devices))
+            if any(marked(d) for d in r.devices)
+            else r
             for r in self.resources
         )
+        if all(new is old for new, old in zip(resources, self.resources, strict=True)):
+            return self
         return replace(self, resources=resources)
