@@ -165,6 +165,26 @@ def test_start_replaces_a_stale_socket(short_tmp: Path, kubelet: KubeletSim) -> 
         server.stop()
 
 
+def test_start_fails_clearly_when_its_socket_does_not_accept(short_tmp: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    inventory = make_inventory(1)
+    config = config_with(device_plugin_path=str(short_tmp))
+    rename = os.rename
+
+    def renamed_then_replaced(src: str, dst: str) -> None:
+        rename(src, dst)
+        os.unlink(dst)  # something else put a socket nobody listens on in its place
+        dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dead.bind(dst)
+        dead.close()
+
+    monkeypatch.setattr(os, "rename", renamed_then_replaced)
+    server = _server(whole_gpu_resource(inventory), config, inventory)
+    with pytest.raises(ServerStartError, match=r"nvidia.com/gpu does not accept connections on "
+                                               r".*nvidia-gpu.sock after starting: Connection refused"):
+        server.start()
+
+
 def test_start_refuses_to_delete_a_regular_file(short_tmp: Path) -> None:
     inventory = make_inventory(1)
     config = config_with(device_plugin_path=str(short_tmp))
