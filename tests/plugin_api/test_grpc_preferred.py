@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
+from collections import Counter
 from dataclasses import replace
 
 import pytest
 from grpc_factories import gpu_uuid, make_inventory, replicated_resource, whole_gpu_resource
 
 from nvdp.inventory.model import Inventory, Link, LostGpu
+from nvdp.plan.model import PlannedResource
 from nvdp.plugin.preferred import EXHAUSTIVE_LIMIT, PreferredAllocator, pair_score
 
 SINGLE_SWITCH, HOSTBRIDGE, CROSS_NUMA = 10, 30, 50
@@ -172,3 +175,59 @@ def test_large_replica_sets_are_answered() -> None:
     everything = [f"{gpu_uuid(g)}::{r}" for g in range(8) for r in range(128)]
     picked = allocator.select(everything, [], 16)
     assert sorted(p.split("::")[0] for p in picked) == sorted(gpus(*range(8)) * 2)
+
+
+def _policy_reference(
+    resource: PlannedResource, available: list[str], must: list[str], size: int, policy: str
+) -> list[str]:
+    """The replica policy written plainly, one Python step at a time, to check the allocator against."""
+    planned = {d.id: (n, d) for n, d in enumerate(resource.devices)}
+    totals = Counter(d.base_id for d in resource.devices)
+
+    def group(device_id: str) -> str:
+        return planned[device_id][1].base_id if device_id in planned else device_id
+
+    def rank(device_id: str) -> tuple[bool, int]:  # usable first, then plan order; unplanned ones last
+        order, device = planned.get(device_id, (len(planned), None))
+        return (device is None or not device.healthy, order)
+
+    available = list(dict.fromkeys(available))
+    free = Counter(group(i) for i in available)
+    handed_out = {g: totals.get(g, n) - n for g, n in free.items()}
+    picks = Counter(group(i) for i in must)
+    queues: dict[str, list[str]] = {}
+    for device_id in sorted((i for i in available if i not in must), key=rank):
+        queues.setdefault(group(device_id), []).append(device_id)
+    first = {g: rank(q[0])[1] for g, q in queues.items()}
+    sign = 1 if policy == "distributed" else -1
+    picked: list[str] = []
+    while len(must) + len(picked) < size:
+        best = min((g for g, q in queues.items() if q), key=lambda g: (
+            rank(queues[g][0])[0], sign * (handed_out.get(g, 0) + picks[g]), picks[g], first[g]))
+        picked.append(queues[best].pop(0))
+        picks[best] += 1
+    return [*must, *picked]
+
+
+@pytest.mark.parametrize("policy", ["distributed", "packed"])
+def test_replica_answers_match_the_policy_written_plainly(policy: str) -> None:
+    """Random requests, some with unhealthy GPUs, IDs no longer planned, and a GPU's own UUID."""
+    rng = random.Random(policy)
+    inventory = make_inventory(4)
+    for trial in range(150):
+        resource = replicated_resource(inventory, rng.choice([2, 3, 16]))
+        if trial % 3 == 0:
+            sick = rng.choice(range(4))
+            resource = replace(resource, devices=tuple(
+                replace(d, healthy=d.gpu_indices != (sick,)) for d in resource.devices))
+        ids = [d.id for d in resource.devices]
+        available = rng.sample(ids, rng.randint(1, len(ids)))
+        if trial % 4 == 1:
+            gone = [f"GPU-gone-{n}" for n in range(rng.randint(1, 3))]
+            available += [*gone, gpu_uuid(rng.choice(range(4)))]  # a GPU UUID from a plan without replicas
+            rng.shuffle(available)
+        size = rng.randint(1, min(len(available), 10))
+        must = rng.sample(available, rng.randint(0, min(size, 3)))
+        allocator = PreferredAllocator(resource, inventory, policy)  # type: ignore[arg-type]
+        assert allocator.select(available, must, size) == _policy_reference(
+            resource, available, must, size, policy), (trial, available, must, size)

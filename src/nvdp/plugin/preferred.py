@@ -15,10 +15,11 @@ Pure and deterministic: the same request gets the same answer.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import operator
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,10 +54,14 @@ class _Candidate:
     gpu: int | None  # GPU index for topology; None when the inventory does not know it
     usable: bool  # healthy and known
     rank: int  # usable ones first, each part in plan order: the order replicas are handed out in
+    slot: int  # sorts by group (in plan order; devices not in the plan last), then by rank
 
 
 _UNUSABLE = 1 << 40  # added to `order` for the rank of an unusable candidate
-_BY_RANK = operator.attrgetter("rank")
+_GROUP_SHIFT = 41  # a slot is group number << _GROUP_SHIFT | rank; ranks stay below 1 << 41
+_UNKNOWN_GROUP = 1 << 32  # the group number of devices not in the plan, after every planned group
+_BY_SLOT = operator.attrgetter("slot")
+_BY_GROUP = operator.attrgetter("group")
 
 
 class PreferredAllocator:
@@ -71,20 +76,25 @@ class PreferredAllocator:
         self._whole_gpus = all(d.replica is None and d.mig is None for d in resource.devices)
         self._devices: dict[str, _Candidate] = {}
         self._group_totals: dict[str, int] = {}
+        group_numbers: dict[str, int] = {}
         for order, device in enumerate(resource.devices):
             gpu = device.gpu_indices[0] if len(device.gpu_indices) == 1 else None
             if gpu is not None and gpu not in known_gpus:
                 gpu = None
             usable = device.healthy and gpu is not None
+            rank = order if usable else order + _UNUSABLE
+            group = group_numbers.setdefault(device.base_id, len(group_numbers))
             self._devices[device.id] = _Candidate(
                 id=device.id,
                 order=order,
                 group=device.base_id,
                 gpu=gpu,
                 usable=usable,
-                rank=order if usable else order + _UNUSABLE,
+                rank=rank,
+                slot=group << _GROUP_SHIFT | rank,
             )
             self._group_totals[device.base_id] = self._group_totals.get(device.base_id, 0) + 1
+        self._group_numbers = group_numbers
         # Every pair's score, computed once: from the link record, else from NUMA placement (same-CPU vs
         # cross-CPU), else 0. Keyed by GPU index; the search only looks values up.
         numa = {g.index: g.numa_node for g in inventory.gpus if g.numa_node is not None}
@@ -104,14 +114,16 @@ class PreferredAllocator:
     def select(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         """Pick `size` IDs from `available`, including all of `must_include`."""
         name = self.resource.name
-        available = list(dict.fromkeys(available))
+        available_set = set(available)
+        if len(available_set) != len(available):  # the kubelet sends none; repeats count once
+            available = list(dict.fromkeys(available))
         must = list(dict.fromkeys(must_include))
         if size <= 0:
             raise ValueError(f"{name}: allocation size must be at least 1, got {size}")
         if size > len(available):
             raise ValueError(f"{name}: cannot pick {size} devices from {len(available)} available")
         # Sets built once: a request may name tens of thousands of replicas.
-        available_set, must_set = set(available), set(must)
+        must_set = set(must)
         missing = [i for i in must if i not in available_set]
         if missing:
             raise ValueError(
@@ -119,8 +131,13 @@ class PreferredAllocator:
             )
         if len(must) > size:
             raise ValueError(f"{name}: {len(must)} must-include devices do not fit an allocation of {size}")
-        known = self._devices  # looked up inline: a request may name tens of thousands of replicas
-        rest = [known.get(i) or self._candidate(i) for i in available if i not in must_set]
+        known = self._devices
+        if known.keys() >= available_set:
+            # The usual request, every ID in the plan: looked up without a Python-level loop, since a
+            # request may name tens of thousands of replicas.
+            rest = list(map(known.__getitem__, itertools.filterfalse(must_set.__contains__, available)))
+        else:
+            rest = [known.get(i) or self._candidate(i) for i in available if i not in must_set]
         needed = size - len(must)
         if needed == 0:
             return must
@@ -138,8 +155,11 @@ class PreferredAllocator:
             return known
         # Not in this plan (an update raced the request): usable only as a last resort.
         order = len(self._devices)
-        return _Candidate(id=device_id, order=order, group=device_id, gpu=None, usable=False,
-                          rank=order + _UNUSABLE)
+        rank = order + _UNUSABLE
+        # An ID that names a planned group (a GPU's UUID from a plan before replicas) joins that group.
+        group = self._group_numbers.get(device_id, _UNKNOWN_GROUP)
+        return _Candidate(id=device_id, order=order, group=device_id, gpu=None, usable=False, rank=rank,
+                          slot=group << _GROUP_SHIFT | rank)
 
     def _score(self, a: _Candidate, b: _Candidate) -> int:
         if a.gpu is None or b.gpu is None:
@@ -223,29 +243,34 @@ class PreferredAllocator:
     def _select_by_policy(
         self, required: list[_Candidate], rest: list[_Candidate], needed: int
     ) -> list[_Candidate]:
-        still_free: dict[str, int] = {}
-        for c in itertools.chain(required, rest):  # every available device, once
-            still_free[c.group] = still_free.get(c.group, 0) + 1
+        # Counted, sorted and grouped in C rather than in Python loops: a request may name tens of
+        # thousands of replicas, and the answer needs only a few of them.
+        still_free = Counter(map(_BY_GROUP, itertools.chain(required, rest)))
         handed_out = {g: self._group_totals.get(g, n) - n for g, n in still_free.items()}
-        picks: dict[str, int] = {}
-        for c in required:
-            picks[c.group] = picks.get(c.group, 0) + 1
-        # Per group, its candidates in plan order; each step takes the head of the best group.
-        queues: dict[str, deque[_Candidate]] = {}
-        for c in sorted(rest, key=_BY_RANK):
-            queues.setdefault(c.group, deque()).append(c)
-        first_order = {g: q[0].order for g, q in queues.items()}
+        picks: dict[str, int] = dict(Counter(map(_BY_GROUP, required)))
+        # Per group, its candidates in rank order (a slot sorts by group, then rank; a device not in
+        # the plan is a group of its own, in request order).
+        queues = {
+            g: deque(members) for g, members in itertools.groupby(sorted(rest, key=_BY_SLOT), key=_BY_GROUP)
+        }
         sign = 1 if self.policy == "distributed" else -1
+
+        def entry(position: int, group: str, first_order: int) -> tuple[bool, int, int, int, int, str]:
+            # Usable heads first, then the least (distributed) or most (packed) loaded group, then
+            # the one with fewer picks in this call, then plan order; position breaks the last ties.
+            taken = picks.get(group, 0)
+            load = handed_out.get(group, 0) + taken
+            return (not queues[group][0].usable, sign * load, taken, first_order, position, group)
+
+        # A pick changes only its own group's place, so a heap replaces a scan of every group per pick.
+        heap = [entry(n, g, q[0].order) for n, (g, q) in enumerate(queues.items())]
+        heapq.heapify(heap)
         picked: list[_Candidate] = []
         while len(picked) < needed:
-            open_groups = [g for g, q in queues.items() if q]
-
-            def rank(group: str) -> tuple[bool, int, int, int]:
-                load = handed_out.get(group, 0) + picks.get(group, 0)
-                head = queues[group][0]
-                return (not head.usable, sign * load, picks.get(group, 0), first_order[group])
-
-            group = min(open_groups, key=rank)
-            picked.append(queues[group].popleft())
+            *_, first_order, position, group = heapq.heappop(heap)
+            queue = queues[group]
+            picked.append(queue.popleft())
             picks[group] = picks.get(group, 0) + 1
+            if queue:
+                heapq.heappush(heap, entry(position, group, first_order))
         return picked
