@@ -51,6 +51,9 @@ def test_t4_registers_and_allocates(make_plugin: MakePlugin, kubelet: KubeletSim
     response = kubelet.allocate("nvidia.com/gpu", [[uuid]])
     assert response["container_responses"][0]["envs"] == {"NVIDIA_VISIBLE_DEVICES": uuid}
     plugin.wait_for_log("Registered device plugin for 'nvidia.com/gpu' with Kubelet")
+    plugin.wait_for_log("Health checks:")
+    # Health checking starts after registering, as in NVIDIA's plugin, not competing with it.
+    assert plugin.log.index("Registered device plugin") < plugin.log.index("Health checks:")
     for line in ("Starting NVIDIA device plugin (nvdp ", "Configuration from defaults",
                  "NVML: driver 550.54.15, CUDA 12.4, 1 GPU(s)",
                  f"GPU 0: Tesla T4, {uuid}, 15360 MiB, MIG disabled", "Resource nvidia.com/gpu: 1 devices"):
@@ -192,6 +195,7 @@ def test_kubelet_started_after_the_plugin(make_plugin: MakePlugin, plugin_dir: P
     plugin, _ = make_plugin("t4")
     plugin.start()
     plugin.wait_for_log("not registered with the kubelet yet")
+    plugin.wait_for_log("Health checks:", timeout=5)  # no kubelet: health checking starts anyway
     assert plugin.log.count("not registered with the kubelet yet") == 1
     with KubeletSim(plugin_dir) as kubelet:
         kubelet.wait_for_resource("nvidia.com/gpu", count=1, timeout=10)

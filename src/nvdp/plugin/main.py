@@ -48,6 +48,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Posted to the signal pipe by the per-node config threads; above every signal number.
 NODE_CONFIG_CHANGED = 250
+# How long the first health start waits for the resources' first registration attempts (an MPS gate
+# may hold a resource back for much longer; health checking does not wait for that).
+HEALTH_AFTER_REGISTERING_S = 1.0
 FATAL = 0  # not a signal number: posted on the signal pipe when the process must exit with a failure
 
 
@@ -204,6 +207,11 @@ class PluginProcess:
         self.manager = PluginManager(prepared.config, prepared.inventory, self.log)
         self.watch_kubelet(prepared.config, KubeletSocketWatcher)
         self.manager.apply(prepared.plan)
+        # Health checking starts once the resources have registered (or tried to), as in NVIDIA's
+        # plugin: its set-up, NVML event registration for every GPU, would otherwise compete with
+        # registering for the interpreter. Like an XID before start-up, one in those milliseconds
+        # goes unseen (NVML keeps events only for event sets registered before them).
+        self.manager.wait_first_attempts(HEALTH_AFTER_REGISTERING_S)
         self.start_health(prepared)
         self.not_serving_reason = None
         recording.config_active(prepared.config.source, self.entry())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -146,6 +147,15 @@ class PluginManager:
         with self._lock:
             resources = list(self._resources.values())
         return any(r.pending for r in resources)
+
+    def wait_first_attempts(self, timeout_s: float) -> None:
+        """Until every resource has tried once to start and register (held by a gate: not yet), or
+        `timeout_s` passed."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            resources = list(self._resources.values())
+        for running in resources:
+            running.wait_first_attempt(max(0.0, deadline - time.monotonic()))
 
     def resource_status(self) -> list[ResourceStatus]:
         """Each planned resource: registered or not, and why an MPS gate holds it back (for /readyz)."""

@@ -94,6 +94,7 @@ class RunningResource:
         self._complained = False
         self._stopping = threading.Event()
         self._wake = threading.Event()
+        self._first_attempt = threading.Event()  # the first start-and-register attempt is over
         self._thread: threading.Thread | None = None
         self.server = server_factory(resource, config, inventory, log)
         self.gate = gate_factory(resource, config, log)
@@ -105,6 +106,10 @@ class RunningResource:
     def registered(self) -> bool:
         with self._lock:
             return self._registered
+
+    def wait_first_attempt(self, timeout: float) -> bool:
+        """Until the first attempt to start and register is over (either way), or `timeout` passed."""
+        return self._first_attempt.wait(timeout)
 
     @property
     def pending(self) -> bool:
@@ -164,17 +169,21 @@ class RunningResource:
     # --- the background thread --------------------------------------------------------------------
 
     def _run(self) -> None:
-        if self.gate is not None and not self._wait_for_gate(self.gate):
-            return
-        while not self._stopping.is_set():
-            # Cleared before the work, not after: a kick during the work is not lost.
-            self._wake.clear()
-            try:
-                self._step()
-            except Exception:
-                self._log.exception("%s: unexpected error while serving; retrying in %gs",
-                                    self.name, self._retry_interval_s)
-            self._wake.wait(self._retry_interval_s if self.pending else None)
+        try:
+            if self.gate is not None and not self._wait_for_gate(self.gate):
+                return
+            while not self._stopping.is_set():
+                # Cleared before the work, not after: a kick during the work is not lost.
+                self._wake.clear()
+                try:
+                    self._step()
+                except Exception:
+                    self._log.exception("%s: unexpected error while serving; retrying in %gs",
+                                        self.name, self._retry_interval_s)
+                self._first_attempt.set()
+                self._wake.wait(self._retry_interval_s if self.pending else None)
+        finally:
+            self._first_attempt.set()
 
     def _wait_for_gate(self, gate: ReadinessGate) -> bool:
         while not self._stopping.is_set():
