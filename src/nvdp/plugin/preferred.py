@@ -19,8 +19,8 @@ import heapq
 import itertools
 import math
 import operator
-from collections import Counter, deque
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from nvdp.config.model import AllocationPolicy
@@ -54,13 +54,10 @@ class _Candidate:
     gpu: int | None  # GPU index for topology; None when the inventory does not know it
     usable: bool  # healthy and known
     rank: int  # usable ones first, each part in plan order: the order replicas are handed out in
-    slot: int  # sorts by group (in plan order; devices not in the plan last), then by rank
 
 
 _UNUSABLE = 1 << 40  # added to `order` for the rank of an unusable candidate
-_GROUP_SHIFT = 41  # a slot is group number << _GROUP_SHIFT | rank; ranks stay below 1 << 41
-_UNKNOWN_GROUP = 1 << 32  # the group number of devices not in the plan, after every planned group
-_BY_SLOT = operator.attrgetter("slot")
+_BY_RANK = operator.attrgetter("rank")
 _BY_GROUP = operator.attrgetter("group")
 
 
@@ -76,25 +73,27 @@ class PreferredAllocator:
         self._whole_gpus = all(d.replica is None and d.mig is None for d in resource.devices)
         self._devices: dict[str, _Candidate] = {}
         self._group_totals: dict[str, int] = {}
-        group_numbers: dict[str, int] = {}
         for order, device in enumerate(resource.devices):
             gpu = device.gpu_indices[0] if len(device.gpu_indices) == 1 else None
             if gpu is not None and gpu not in known_gpus:
                 gpu = None
             usable = device.healthy and gpu is not None
-            rank = order if usable else order + _UNUSABLE
-            group = group_numbers.setdefault(device.base_id, len(group_numbers))
             self._devices[device.id] = _Candidate(
                 id=device.id,
                 order=order,
                 group=device.base_id,
                 gpu=gpu,
                 usable=usable,
-                rank=rank,
-                slot=group << _GROUP_SHIFT | rank,
+                rank=order if usable else order + _UNUSABLE,
             )
             self._group_totals[device.base_id] = self._group_totals.get(device.base_id, 0) + 1
-        self._group_numbers = group_numbers
+        # Per group (the device replicas share), its candidates in rank order and its IDs: a request
+        # is matched against these rather than turned into candidates ID by ID.
+        members: dict[str, list[_Candidate]] = {}
+        for candidate in self._devices.values():
+            members.setdefault(candidate.group, []).append(candidate)
+        self._ranked = {g: sorted(m, key=_BY_RANK) for g, m in members.items()}
+        self._group_ids = {g: frozenset(c.id for c in m) for g, m in members.items()}
         # Every pair's score, computed once: from the link record, else from NUMA placement (same-CPU vs
         # cross-CPU), else 0. Keyed by GPU index; the search only looks values up.
         numa = {g.index: g.numa_node for g in inventory.gpus if g.numa_node is not None}
@@ -131,20 +130,16 @@ class PreferredAllocator:
             )
         if len(must) > size:
             raise ValueError(f"{name}: {len(must)} must-include devices do not fit an allocation of {size}")
-        known = self._devices
-        if known.keys() >= available_set:
-            # The usual request, every ID in the plan: looked up without a Python-level loop, since a
-            # request may name tens of thousands of replicas.
-            rest = list(map(known.__getitem__, itertools.filterfalse(must_set.__contains__, available)))
-        else:
-            rest = [known.get(i) or self._candidate(i) for i in available if i not in must_set]
         needed = size - len(must)
         if needed == 0:
             return must
+        required = [self._candidate(i) for i in must]
         if self._whole_gpus:
-            picked = self._select_connected([self._candidate(i) for i in must], rest, needed)
+            known = self._devices
+            rest = [known.get(i) or self._candidate(i) for i in available if i not in must_set]
+            picked = self._select_connected(required, rest, needed)
         else:
-            picked = self._select_by_policy([self._candidate(i) for i in must], rest, needed)
+            picked = self._select_by_policy(required, available, available_set, must_set, needed)
         return must + [c.id for c in picked]
 
     # -- internals --------------------------------------------------------------------------------------
@@ -155,11 +150,8 @@ class PreferredAllocator:
             return known
         # Not in this plan (an update raced the request): usable only as a last resort.
         order = len(self._devices)
-        rank = order + _UNUSABLE
-        # An ID that names a planned group (a GPU's UUID from a plan before replicas) joins that group.
-        group = self._group_numbers.get(device_id, _UNKNOWN_GROUP)
-        return _Candidate(id=device_id, order=order, group=device_id, gpu=None, usable=False, rank=rank,
-                          slot=group << _GROUP_SHIFT | rank)
+        return _Candidate(id=device_id, order=order, group=device_id, gpu=None, usable=False,
+                          rank=order + _UNUSABLE)
 
     def _score(self, a: _Candidate, b: _Candidate) -> int:
         if a.gpu is None or b.gpu is None:
@@ -241,18 +233,41 @@ class PreferredAllocator:
         return best[len(required) :]
 
     def _select_by_policy(
-        self, required: list[_Candidate], rest: list[_Candidate], needed: int
+        self,
+        required: list[_Candidate],
+        available: Sequence[str],
+        available_set: set[str],
+        must_set: set[str],
+        needed: int,
     ) -> list[_Candidate]:
-        # Counted, sorted and grouped in C rather than in Python loops: a request may name tens of
-        # thousands of replicas, and the answer needs only a few of them.
-        still_free = Counter(map(_BY_GROUP, itertools.chain(required, rest)))
+        # A request may name tens of thousands of replicas and the answer needs a few: the groups are
+        # counted by set intersections in C, and each group's candidates are walked in rank order
+        # only as far as picks reach. IDs not in the plan (an update raced the request) are each a
+        # group of their own, after the planned ones, in request order - or join the planned group
+        # they name (a GPU's UUID from a plan without replicas).
+        known = self._devices
+        unknown = [] if known.keys() >= available_set else [i for i in available if i not in known]
+        still_free: dict[str, int] = {}
+        for group, ids in self._group_ids.items():
+            count = len(ids & available_set)
+            if count:
+                still_free[group] = count
+        for device_id in unknown:
+            still_free[device_id] = still_free.get(device_id, 0) + 1
         handed_out = {g: self._group_totals.get(g, n) - n for g, n in still_free.items()}
         picks: dict[str, int] = dict(Counter(map(_BY_GROUP, required)))
-        # Per group, its candidates in rank order (a slot sorts by group, then rank; a device not in
-        # the plan is a group of its own, in request order).
-        queues = {
-            g: deque(members) for g, members in itertools.groupby(sorted(rest, key=_BY_SLOT), key=_BY_GROUP)
+
+        rest = available_set - must_set if must_set else available_set
+        queues: dict[str, Iterator[_Candidate]] = {
+            g: (c for c in ranked if c.id in rest) for g, ranked in self._ranked.items() if g in still_free
         }
+        for device_id in unknown:
+            if device_id in must_set:
+                continue
+            late = iter([self._candidate(device_id)])
+            queue = queues.get(device_id)
+            queues[device_id] = late if queue is None else itertools.chain(queue, late)
+        heads = {g: head for g, queue in queues.items() if (head := next(queue, None)) is not None}
         sign = 1 if self.policy == "distributed" else -1
 
         def entry(position: int, group: str, first_order: int) -> tuple[bool, int, int, int, int, str]:
@@ -260,17 +275,18 @@ class PreferredAllocator:
             # the one with fewer picks in this call, then plan order; position breaks the last ties.
             taken = picks.get(group, 0)
             load = handed_out.get(group, 0) + taken
-            return (not queues[group][0].usable, sign * load, taken, first_order, position, group)
+            return (not heads[group].usable, sign * load, taken, first_order, position, group)
 
         # A pick changes only its own group's place, so a heap replaces a scan of every group per pick.
-        heap = [entry(n, g, q[0].order) for n, (g, q) in enumerate(queues.items())]
+        heap = [entry(n, g, head.order) for n, (g, head) in enumerate(heads.items())]
         heapq.heapify(heap)
         picked: list[_Candidate] = []
         while len(picked) < needed:
             *_, first_order, position, group = heapq.heappop(heap)
-            queue = queues[group]
-            picked.append(queue.popleft())
+            picked.append(heads[group])
             picks[group] = picks.get(group, 0) + 1
-            if queue:
+            following = next(queues[group], None)
+            if following is not None:
+                heads[group] = following
                 heapq.heappush(heap, entry(position, group, first_order))
         return picked
