@@ -5,8 +5,10 @@
 The interpreter, a plain `import grpc`, the generated API nvdp also uses (nvdp.plugin.api), pynvml on
 whatever libnvidia-ml.so.1 the loader finds (init, device count, UUIDs), one grpc.server with a thread
 pool on a unix socket, Register with the kubelet, and the five DevicePlugin calls answered as simply
-as they can be: nvidia.com/gpu, one ID per GPU, NVIDIA_VISIBLE_DEVICES = the requested IDs. Nothing
-else: no config, health, re-registration or logging beyond errors. SIGTERM stops it with status 0.
+as they can be: nvidia.com/gpu, one ID per GPU, NVIDIA_VISIBLE_DEVICES = the requested IDs. After
+registering, one thread waits for critical XID events and marks the GPU's IDs Unhealthy in the list
+sent on ListAndWatch. Nothing else: no config, re-registration or logging beyond errors. SIGTERM
+stops it with status 0.
 
 FLOOR_REPLICAS=N (N > 1) advertises N IDs per GPU (`<uuid>::<n>`, as time-slicing names them), so the
 floor can answer the same 8x128 GetPreferredAllocation as the plugins configured for time-slicing.
@@ -67,18 +69,54 @@ def preferred(available: Sequence[str], must_include: Sequence[str], size: int) 
     return chosen
 
 
+def gpu_of(device_id: str) -> str:
+    return device_id.partition("::")[0]
+
+
 class DevicePlugin:
     def __init__(self, ids: list[str]) -> None:
-        self.devices = pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health="Healthy") for i in ids])
+        self.ids = ids
+        self.unhealthy: set[str] = set()  # GPU UUIDs
+        self.version = 0
+        self.changed = threading.Condition()
+        self.devices = self.device_list()
+
+    def device_list(self) -> Any:
+        health = {True: "Unhealthy", False: "Healthy"}
+        return pb.ListAndWatchResponse(devices=[
+            pb.Device(ID=i, health=health[gpu_of(i) in self.unhealthy]) for i in self.ids
+        ])
+
+    def mark_unhealthy(self, uuid: str) -> None:
+        with self.changed:
+            self.unhealthy.add(uuid)
+            self.devices = self.device_list()
+            self.version += 1
+            self.changed.notify_all()
 
     def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
         return pb.DevicePluginOptions(get_preferred_allocation_available=True)
 
     def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
-        yield self.devices
-        ended = threading.Event()
-        if context.add_callback(ended.set):  # False: the stream has ended already
-            ended.wait()
+        ended = False
+
+        def end() -> None:
+            nonlocal ended
+            with self.changed:
+                ended = True
+                self.changed.notify_all()
+
+        if not context.add_callback(end):  # the stream has ended already
+            return
+        seen = -1
+        while True:
+            with self.changed:
+                while not ended and self.version == seen:
+                    self.changed.wait()
+                if ended:
+                    return
+                seen, message = self.version, self.devices
+            yield message
 
     def Allocate(self, request: Any, context: Any) -> Any:
         return pb.AllocateResponse(container_responses=[
@@ -95,6 +133,23 @@ class DevicePlugin:
 
     def PreStartContainer(self, request: Any, context: Any) -> Any:
         return pb.PreStartContainerResponse()
+
+
+def watch_xids(plugin: DevicePlugin, stop: threading.Event) -> None:
+    """Critical XIDs turn the GPU Unhealthy, as every plugin must; NVML errors end the watch."""
+    try:
+        event_set = pynvml.nvmlEventSetCreate()
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+        while not stop.is_set():
+            try:
+                data = pynvml.nvmlEventSetWait_v2(event_set, 1000)
+            except pynvml.NVMLError_Timeout:
+                continue
+            plugin.mark_unhealthy(str(pynvml.nvmlDeviceGetUUID(data.device)))
+    except pynvml.NVMLError as err:
+        print(f"floor plugin: health checks end: {err}", file=sys.stderr)
 
 
 def serve(plugin_dir: str) -> None:
@@ -115,6 +170,8 @@ def serve(plugin_dir: str) -> None:
                 version="v1beta1", endpoint=SOCKET, resource_name=RESOURCE,
                 options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
             ), timeout=10, wait_for_ready=True)
+        # Health checking starts after Register, as in NVIDIA's plugin.
+        threading.Thread(target=watch_xids, args=(plugin, stop), daemon=True).start()
         stop.wait()
     finally:
         server.stop(0).wait()

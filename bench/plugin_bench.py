@@ -8,7 +8,7 @@ NVIDIA's plugin and NVIDIA's mock NVML (8x A100) from ../shared/upstream, runs b
 floor (bench/floor_plugin.py: the least a Python plugin must do) on that library with the same
 simulator, rotating which goes first in each round, and prints the median of every figure for each,
 nvdp/NVIDIA, nvdp/floor and nvdp's target. NVIDIA's mock cannot deliver events, so XID latency runs
-both plugins on nvdp's stand-in; the floor neither re-registers nor watches health. NVIDIA's plugin
+every plugin on nvdp's stand-in; the floor does not re-register. NVIDIA's plugin
 hard-codes the kubelet's socket folder and needs a private mount namespace (root); without root the
 mode says so and skips.
 
@@ -340,7 +340,7 @@ def unpack_upstream() -> Path:
 
 
 def measure_one(kind: str, upstream: Path, calls: int, pref_calls: int, src: Path | None) -> dict[str, float]:
-    """The FIGURES of one plugin; the floor has neither re-registration nor health, so no rereg and xid."""
+    """The FIGURES of one plugin; the floor does not re-register, so it has no rereg."""
     floor = kind == FLOOR
     figures: dict[str, float] = {}
     starts = []
@@ -367,9 +367,8 @@ def measure_one(kind: str, upstream: Path, calls: int, pref_calls: int, src: Pat
     with plugin(None, REPLICAS_128, kind=kind, upstream=upstream, src=src, extra_env=replicas) as run:
         devices = run.kubelet.wait_for_resource(RESOURCE, count=1024, timeout=30)
         figures["pref_1024"] = preferred_p50(run.kubelet, [d["id"] for d in devices], 8, pref_calls)
-    if not floor:
-        with plugin("a100-sxm-8", kind=kind, upstream=upstream, src=src) as run:
-            figures["xid"] = xid_ms(run)
+    with plugin("a100-sxm-8", kind=kind, upstream=upstream, src=src) as run:
+        figures["xid"] = xid_ms(run)
     return figures
 
 
@@ -397,7 +396,7 @@ def against_nvidia(runs: int, calls: int, pref_calls: int, baselines: dict[str, 
     for label, src in baselines.items():
         print(f"{label}: nvdp from {src}")
     print(f"{FLOOR}: bench/floor_plugin.py, the least a Python plugin must do (8x128: FLOOR_REPLICAS=128); "
-          "it neither re-registers nor watches health: '-'")
+          "it does not re-register: '-'")
     print(f"load average (1/5/15 min) before and after each round: {' | '.join(loads)}\n")
     print_rows(comparison_table(kinds, results))
     return 0

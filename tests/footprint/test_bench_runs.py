@@ -6,6 +6,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -50,7 +51,7 @@ def test_side_by_side_prints_both_plugins_or_the_reason() -> None:
         cells = row[len(figure.label):].split()
         nvidia, nvdp, floor = cells[0], cells[2], cells[4]  # "0.45 ms": two cells per figure
         assert nvidia != "-" and nvdp != "-", row
-        assert (floor == "-") == (figure.key in ("rereg", "xid")), row
+        assert (floor == "-") == (figure.key == "rereg"), row
     assert "load average" in result.stdout
 
 
@@ -69,6 +70,19 @@ def test_floor_plugin_registers_and_allocates_the_requested_ids() -> None:
         assert [c["envs"] for c in response["container_responses"]] == [
             {"NVIDIA_VISIBLE_DEVICES": f"{uuids[2]},{uuids[0]}"}, {"NVIDIA_VISIBLE_DEVICES": uuids[3]}]
         assert run.kubelet.preferred(bench.RESOURCE, uuids, [uuids[3]], 2) == [uuids[3], uuids[0]]
+    assert run.process.returncode == 0, run.log_path.read_text()
+
+
+def test_floor_plugin_turns_a_gpu_unhealthy_on_a_critical_xid() -> None:
+    bench = _bench_module()
+    with bench.plugin("mixed-4", kind=bench.FLOOR) as run:
+        uuids = [gpu.uuid for gpu in run.node.inventory.gpus]
+        run.kubelet.wait_for_resource(bench.RESOURCE, count=4, healthy=4, timeout=30)
+        bench.wait_until(lambda: bool(run.kubelet.registrations), timeout=30)
+        time.sleep(0.5)  # its health thread starts after Register
+        run.node.inject_xid(uuids[1], 48)
+        devices = run.kubelet.wait_for_resource(bench.RESOURCE, count=4, healthy=3, timeout=15)
+        assert [d["id"] for d in devices if d["health"] != "Healthy"] == [uuids[1]]
     assert run.process.returncode == 0, run.log_path.read_text()
 
 
