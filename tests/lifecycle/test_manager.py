@@ -75,6 +75,9 @@ class FakeServer:
         self.resource = resource
         self.updates.append(resource)
 
+    def wait_delivered(self, timeout: float) -> None:
+        pass  # no stream to wait for
+
     def stop(self) -> None:
         self.stops += 1
         self.stopped = True

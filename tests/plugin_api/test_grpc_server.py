@@ -88,6 +88,20 @@ def test_list_and_watch_sends_the_list_then_every_change(served, kubelet: Kubele
     assert [sum(d["health"] == "Healthy" for d in e["devices"]) for e in updates] == [4, 3, 4]
 
 
+def test_wait_delivered_returns_once_the_stream_has_sent_the_list(served, kubelet: KubeletSim) -> None:  # type: ignore[no-untyped-def]
+    server, resource = served
+    server.wait_delivered(timeout=30)  # no stream yet: at once
+    server.register(str(kubelet.socket_path))
+    kubelet.wait_for_resource(GPU, count=4, healthy=4)
+    sick = replace(resource, devices=(replace(resource.devices[0], healthy=False), *resource.devices[1:]))
+    server.update(sick)
+    started = time.monotonic()
+    server.wait_delivered(timeout=30)
+    # Well inside the timeout: the stream said it sent the list (a broken signal would wait it out).
+    assert time.monotonic() - started < 10
+    kubelet.wait_for_resource(GPU, count=4, healthy=3)
+
+
 def test_update_refuses_another_resource(served) -> None:  # type: ignore[no-untyped-def]
     server, resource = served
     with pytest.raises(ValueError, match=r"the server for nvidia.com/gpu cannot serve nvidia.com/other"):

@@ -38,6 +38,8 @@ __all__ = ["GateFactory", "PlanDiff", "PluginManager", "ReadinessGate", "Resourc
 RETRY_INTERVAL_S = 2.0
 REGISTER_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 5.0
+# A health event's log line waits at most this long for the kubelet's stream to send the new list.
+_LOG_AFTER_DELIVERY_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,7 @@ class PluginManager:
 
     def mark_unhealthy(self, uuids: frozenset[str], reason: str) -> None:
         """Health event: every device backed by one of `uuids` turns Unhealthy, for good (until re-plan)."""
+        lines: list[tuple[RunningResource | None, str, int, str]] = []
         with self._lock:
             before = self._plan
             self._plan = before.with_unhealthy(uuids)
@@ -213,14 +216,16 @@ class PluginManager:
                     continue
                 running = self._resources.get(new.name)
                 if running is not None:
-                    # First: the stream can send while the log line below is written.
                     running.update(new)
                 was_healthy = {d.id for d in old.devices if d.healthy}
                 newly = [d.id for d in new.devices if not d.healthy and d.id in was_healthy]
-                self._log.warning(
-                    "%s: %d device(s) marked unhealthy (%s): %s",
-                    new.name, len(newly), reason, _short_list(newly),
-                )
+                lines.append((running, new.name, len(newly), _short_list(newly)))
+        for running, name, count, shown in lines:
+            # Written once the kubelet has the new list: formatting and writing the line would
+            # otherwise hold the interpreter while the stream waits to send it (about 0.1 ms).
+            if running is not None:
+                running.wait_delivered(_LOG_AFTER_DELIVERY_S)
+            self._log.warning("%s: %d device(s) marked unhealthy (%s): %s", name, count, reason, shown)
 
     def kubelet_restarted(self) -> None:
         """kubelet.sock was created again: the kubelet forgot us and may have removed our sockets."""

@@ -31,6 +31,7 @@ class ResourceServerLike(Protocol):
     def start(self) -> None: ...
     def register(self, kubelet_socket: str, timeout: float = ...) -> None: ...
     def update(self, resource: PlannedResource) -> None: ...
+    def wait_delivered(self, timeout: float) -> None: ...
     def stop(self) -> None: ...
 
 
@@ -139,6 +140,10 @@ class RunningResource:
         with self._lock:
             self._planned = resource
             self._push()
+
+    def wait_delivered(self, timeout: float) -> None:
+        """Until the kubelet's stream has the devices as they are now (no stream: at once), or `timeout`."""
+        self.server.wait_delivered(timeout)
 
     def kick(self) -> None:
         """The kubelet restarted: register again, restarting the server if its socket was removed."""

@@ -231,6 +231,7 @@ class ResourceServer:
         # Built by the first GetPreferredAllocation after each update, not on the health path.
         self._allocator: PreferredAllocator | None = None
         self._version = 0  # bumped on every update(); streams resend when it moves
+        self._delivered = 0  # the newest version a stream has sent in full
         self._answers: dict[tuple[tuple[str, ...], ...], _Answer] = {}  # per plan; see _allocate
         self._list_message: Any = None  # per plan; see _device_list
         self._device_messages: dict[tuple[str, bool, int | None], Any] = {}
@@ -351,6 +352,14 @@ class ResourceServer:
             self._version += 1
             self._lock.notify_all()
 
+    def wait_delivered(self, timeout: float) -> None:
+        """Until an open ListAndWatch stream has sent the current list (none open: at once), or `timeout`."""
+        with self._lock:
+            version = self._version
+            self._lock.wait_for(
+                lambda: self._delivered >= version or self._streams == 0 or self._stopped, timeout
+            )
+
     def stop(self) -> None:
         """End the streams, stop serving and remove the socket. Safe to call twice."""
         with self._lock:
@@ -448,8 +457,11 @@ class ResourceServer:
             seen = self._version
             message = self._device_list()
         while True:
-            yield message
+            yield message  # returns once gRPC has sent it
             with self._lock:
+                if seen > self._delivered:
+                    self._delivered = seen
+                    self._lock.notify_all()
                 self._lock.wait_for(partial(changed, seen))
                 if self._stopped or not context.is_active():
                     return
