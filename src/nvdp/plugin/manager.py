@@ -212,7 +212,7 @@ class PluginManager:
             self._plan = before.with_unhealthy(uuids)
             for new in self._plan.resources:
                 old = before.resource(new.name)
-                if old is None or old is new or old == new:
+                if old is None or old is new:  # with_unhealthy keeps an untouched resource as it was
                     continue
                 running = self._resources.get(new.name)
                 if running is not None:
