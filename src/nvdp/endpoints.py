@@ -15,7 +15,8 @@ import select
 import socket
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 READ_TIMEOUT_S = 2.0
 MAX_REQUEST_BYTES = 16384
@@ -24,8 +25,7 @@ _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 400: "Bad Re
             500: "Internal Server Error", 503: "Service Unavailable"}
 
 
-@dataclass(frozen=True)
-class Response:
+class Response(Struct, frozen=True):
     status: int
     body: bytes
     content_type: str = TEXT

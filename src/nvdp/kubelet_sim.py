@@ -21,13 +21,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent import futures
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import grpc
 from google.protobuf.json_format import MessageToDict
+from msgspec import Struct, field
 
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 from nvdp.plugin.api import deviceplugin_pb2_grpc as _pb_grpc
@@ -51,8 +51,7 @@ class KubeletSimError(RuntimeError):
         self.details = details
 
 
-@dataclass
-class _Plugin:
+class _Plugin(Struct):
     """The sim's side of one registered resource."""
 
     resource: str

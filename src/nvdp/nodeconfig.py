@@ -14,9 +14,10 @@ import argparse
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from msgspec import Struct
 
 from nvdp.config.entries import directory_fingerprint, entry_path, fingerprint, list_entries
 from nvdp.config.select import (
@@ -36,8 +37,7 @@ POLL_INTERVAL_S = 5.0
 COMPONENT = "nvidia-device-plugin"
 
 
-@dataclass(frozen=True)
-class NodeConfigSettings:
+class NodeConfigSettings(Struct, frozen=True):
     config_dir: Path
     node_name: str | None = None
     default: str | None = None
@@ -77,8 +77,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> NodeConfi
     )
 
 
-@dataclass(frozen=True)
-class Chosen:
+class Chosen(Struct, frozen=True):
     """A selection resolved to a file and its content, so an edit of the same entry counts as a change."""
 
     selection: Selection

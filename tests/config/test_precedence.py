@@ -28,7 +28,7 @@ def parse_flags(*argv: str) -> dict[str, object]:
 
 
 def test_default_when_nothing_is_set() -> None:
-    assert load_config_text(None, env={}).flags.mig_strategy == Flags.mig_strategy
+    assert load_config_text(None, env={}).flags.mig_strategy == Flags().mig_strategy
 
 
 def test_file_beats_default() -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import types
 import typing
-from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
+from msgspec import Struct
+from msgspec.structs import fields
 
 from nvdp.config import model
 from nvdp.config.document import config_to_document
@@ -67,14 +68,14 @@ def test_every_object_is_closed_and_every_property_documented() -> None:
                 assert prop.get("description"), name
 
 
-def dataclass_of(hint: Any) -> type | None:
-    """The dataclass in `X`, `X | None` or `tuple[X, ...]`."""
-    if is_dataclass(hint) and isinstance(hint, type):
+def record_of(hint: Any) -> type | None:
+    """The record type (a Struct) in `X`, `X | None` or `tuple[X, ...]`."""
+    if isinstance(hint, type) and issubclass(hint, Struct):
         return hint
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType, tuple):
         for arg in typing.get_args(hint):
-            found = dataclass_of(arg)
+            found = record_of(arg)
             if found is not None:
                 return found
     return None
@@ -91,7 +92,7 @@ def compare(cls: type, node: SchemaNode, where: str) -> list[str]:
     problems += [f"{where}: {cls.__name__}.{n} is not in the schema" for n in names - props.keys()]
     for name in names & props.keys():
         sub = resolve(object_properties(node)[props[name]])
-        inner = dataclass_of(hints[name])
+        inner = record_of(hints[name])
         if inner is None or inner is model.DeviceSelection:
             continue
         if "array" in accepted_types(sub):
@@ -100,7 +101,7 @@ def compare(cls: type, node: SchemaNode, where: str) -> list[str]:
     return problems
 
 
-def test_schema_and_dataclasses_have_the_same_fields() -> None:
+def test_schema_and_model_have_the_same_fields() -> None:
     assert compare(Config, resolve(load_schema()), "") == []
 
 

@@ -37,10 +37,11 @@ ALLOCATES = 200
 # and grpc.aio stay stand-ins, see nvdp.plugin.grpc_import; their submodules come with the real
 # ones), validating an invalid config (jsonschema and its helpers), parsing a config file (yaml),
 # TLS (ssl: gRPC over unix sockets needs none), hashing config-directory entries (hashlib loads
-# libcrypto; only with CONFIG_DIR), suggesting key names (difflib), CDI annotation keys (uuid,
-# platform), packaging (importlib.resources, zipfile), and what those pull in.
+# libcrypto; only with CONFIG_DIR), suggesting key names (difflib), packaging (importlib.resources,
+# zipfile), and what those pull in. (uuid and platform do load: msgspec, the records' library, imports
+# them.)
 NOT_IMPORTED = (
-    "jsonschema", "referencing", "rpds", "attrs", "yaml", "ssl", "_ssl", "difflib", "uuid", "platform",
+    "jsonschema", "referencing", "rpds", "attrs", "yaml", "ssl", "_ssl", "difflib",
     "importlib.resources", "zipfile", "email", "http", "urllib.request", "multiprocessing",
     "google.protobuf.json_format", "fastjsonschema", "hashlib", "_hashlib", "asyncio.events",
     "asyncio.base_events", "grpc.aio._server", "grpc.aio._channel",

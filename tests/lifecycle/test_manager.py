@@ -4,10 +4,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from nvdp.config.model import Config, Flags, PluginFlags
 from nvdp.inventory.model import Inventory

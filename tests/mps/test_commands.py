@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
+from msgspec.structs import replace
 
 from nvdp.mps.commands import MpsConfigError, max_replicas_per_gpu, mps_settings
 from nvdp.mps.daemons import mps_settings_for, plan_mps

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 from plan_factories import config, entry, gpu, gpu_uuid, inventory
 
 from nvdp.config.model import Config, DeviceSelection, MigStrategy, ReplicatedResource

@@ -107,5 +107,5 @@ def mig_resource(
 
 
 def config_with(**plugin: object) -> Config:
-    flag_fields = {k: plugin.pop(k) for k in list(plugin) if k in Flags.__dataclass_fields__}
+    flag_fields = {k: plugin.pop(k) for k in list(plugin) if k in Flags.__struct_fields__}
     return Config(flags=Flags(plugin=PluginFlags(**plugin), **flag_fields))  # type: ignore[arg-type]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from grpc_factories import (
     config_with,
@@ -14,6 +12,7 @@ from grpc_factories import (
     replicated_resource,
     whole_gpu_resource,
 )
+from msgspec.structs import replace
 
 from nvdp.config.model import Config, Imex
 from nvdp.inventory.model import MigDevice

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from grpc_factories import config_with, make_inventory, whole_gpu_resource
+from msgspec.structs import replace
 
 from nvdp.kubelet_sim import KubeletSim, main
 from nvdp.plugin.api import deviceplugin_pb2 as pb

@@ -6,10 +6,10 @@ import itertools
 import math
 import random
 from collections import Counter
-from dataclasses import replace
 
 import pytest
 from grpc_factories import gpu_uuid, make_inventory, replicated_resource, whole_gpu_resource
+from msgspec.structs import replace
 
 from nvdp.inventory.model import Inventory, Link, LostGpu
 from nvdp.plan.model import PlannedResource

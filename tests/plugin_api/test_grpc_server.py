@@ -7,12 +7,12 @@ import os
 import socket
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_factories import config_with, make_inventory, replicated_resource, whole_gpu_resource
+from msgspec.structs import replace
 
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Any
+
+from msgspec.structs import fields
 
 from nvdp.config.model import (
     Config,

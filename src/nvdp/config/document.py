@@ -5,8 +5,9 @@ Key names come from the schema, so the output always loads back into the same Co
 
 from __future__ import annotations
 
-from dataclasses import is_dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from nvdp.config.issues import DocPath
 from nvdp.config.model import Config, DeviceSelection
@@ -24,7 +25,7 @@ def _to_document(value: object, path: DocPath) -> Any:
         if value.refs:
             return list(value.refs)
         return value.count if value.count is not None else "all"
-    if is_dataclass(value) and not isinstance(value, type):
+    if isinstance(value, Struct):
         node = node_at(path)
         doc: dict[str, Any] = {}
         for key, sub in (object_properties(node) if node is not None else {}).items():

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 PathPart = str | int
 DocPath = tuple[PathPart, ...]
@@ -20,8 +21,7 @@ def format_path(parts: Iterable[PathPart]) -> str:
     return text
 
 
-@dataclass(frozen=True)
-class ConfigIssue:
+class ConfigIssue(Struct, frozen=True):
     """One problem with the configuration.
 
     `source` is a file path, an environment variable name or a command-line flag;

@@ -7,8 +7,9 @@ A test keeps this module and config-schema.json in step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Literal
+
+from msgspec import Struct, field
 
 MigStrategy = Literal["none", "single", "mixed"]
 DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
@@ -23,8 +24,7 @@ RESOURCE_PREFIX = "nvidia.com/"
 DEFAULT_IGNORED_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
 
 
-@dataclass(frozen=True)
-class PluginFlags:
+class PluginFlags(Struct, frozen=True):
     pass_device_specs: bool = False
     device_list_strategy: tuple[DeviceListStrategy, ...] = ("envvar",)
     device_id_strategy: DeviceIdStrategy = "uuid"
@@ -45,8 +45,7 @@ class PluginFlags:
         return self.kubelet_socket or f"{self.device_plugin_path.rstrip('/')}/kubelet.sock"
 
 
-@dataclass(frozen=True)
-class GfdFlags:
+class GfdFlags(Struct, frozen=True):
     """gpu-feature-discovery's settings (NVIDIA's names); the plugin does not act on them."""
 
     oneshot: bool = False
@@ -56,8 +55,7 @@ class GfdFlags:
     machine_type_file: str = "/sys/class/dmi/id/product_name"
 
 
-@dataclass(frozen=True)
-class Flags:
+class Flags(Struct, frozen=True):
     mig_strategy: MigStrategy = "none"
     fail_on_init_error: bool = True
     # NVIDIA's binary defaults to "" but its chart always sets this; MPS cannot work without one.
@@ -78,22 +76,19 @@ class Flags:
         return self.nvidia_dev_root or self.nvidia_driver_root
 
 
-@dataclass(frozen=True)
-class ResourcePattern:
+class ResourcePattern(Struct, frozen=True):
     pattern: str
     name: str  # fully qualified, e.g. "nvidia.com/gpu"
 
 
-@dataclass(frozen=True)
-class Resources:
+class Resources(Struct, frozen=True):
     """Empty lists mean NVIDIA's defaults, which depend on the MIG strategy (see plan)."""
 
     gpus: tuple[ResourcePattern, ...] = ()
     mig: tuple[ResourcePattern, ...] = ()
 
 
-@dataclass(frozen=True)
-class DeviceSelection:
+class DeviceSelection(Struct, frozen=True):
     """`devices:` of a shared resource: all, the first `count`, or explicit references.
 
     A reference is a GPU index ("0"), a MIG index ("0:1"), a GPU UUID ("GPU-...")
@@ -105,23 +100,20 @@ class DeviceSelection:
     refs: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class ReplicatedResource:
+class ReplicatedResource(Struct, frozen=True):
     name: str  # fully qualified
     replicas: int
     rename: str | None = None  # fully qualified; None keeps `name`
     devices: DeviceSelection = field(default_factory=DeviceSelection)
 
 
-@dataclass(frozen=True)
-class ReplicatedResources:
+class ReplicatedResources(Struct, frozen=True):
     resources: tuple[ReplicatedResource, ...]
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
 
 
-@dataclass(frozen=True)
-class Sharing:
+class Sharing(Struct, frozen=True):
     time_slicing: ReplicatedResources | None = None
     mps: ReplicatedResources | None = None
 
@@ -134,14 +126,12 @@ class Sharing:
         return "none"
 
 
-@dataclass(frozen=True)
-class Imex:
+class Imex(Struct, frozen=True):
     channel_ids: tuple[int, ...] = ()
     required: bool = False
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(Struct, frozen=True):
     version: str = "v1"
     flags: Flags = field(default_factory=Flags)
     resources: Resources = field(default_factory=Resources)

@@ -10,7 +10,8 @@ Entries are the files of the mounted ConfigMap directory (see entries.py).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 NODE_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 FALLBACK_STRATEGIES = ("named", "single", "empty")
@@ -29,8 +30,7 @@ class UnknownEntry(SelectionError):
         self.name = name
 
 
-@dataclass(frozen=True)
-class Selection:
+class Selection(Struct, frozen=True):
     """The chosen entry (None: run without a config file) and what chose it."""
 
     entry: str | None

@@ -81,13 +81,14 @@ def semantic_issues(doc: Mapping[Any, Any], locate: Locate) -> list[ConfigIssue]
                 None,
                 "use migStrategy none or single, or share with sharing.timeSlicing",
             )
-        mps_root = flags.get("mpsRoot", Flags.mps_root)
+        default_root = Flags().mps_root
+        mps_root = flags.get("mpsRoot", default_root)
         if mps_root == "":
             add(
                 ("flags", "mpsRoot"),
                 "MPS needs an MPS root (sharing.mps is set)",
                 mps_root,
-                f"set flags.mpsRoot (env MPS_ROOT, flag --mps-root), e.g. {Flags.mps_root}",
+                f"set flags.mpsRoot (env MPS_ROOT, flag --mps-root), e.g. {default_root}",
             )
 
     channels = _mapping(doc.get("imex")).get("channelIDs")

@@ -7,8 +7,9 @@ oneOf/anyOf failures are narrowed to the form the value was evidently meant to h
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+from msgspec.structs import replace
 
 from nvdp.config.issues import ConfigIssue, DocPath, format_path, show_value
 from nvdp.config.quickcheck import plainly_valid

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from msgspec import Struct, field
 
 from nvdp.config.issues import ConfigError, ConfigIssue, DocPath, format_path
 
@@ -14,8 +14,7 @@ MERGE_KEY = "tag:yaml.org,2002:merge"
 MAX_VALUES = 100_000
 
 
-@dataclass
-class ParsedDocument:
+class ParsedDocument(Struct):
     doc: dict[Any, Any]
     # Document path -> 1-based line of its key (mapping entries) or of the item (list entries).
     lines: dict[DocPath, int] = field(default_factory=dict)

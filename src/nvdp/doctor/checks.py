@@ -16,9 +16,10 @@ import os
 import socket
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from msgspec import Struct, field
 
 from nvdp.config.model import Config
 from nvdp.doctor.report import Finding, failed, passed, skipped
@@ -44,8 +45,7 @@ FIX_SCHEDULING = (
 )
 
 
-@dataclass
-class Where:
+class Where(Struct):
     """Where the doctor looks; tests point these at prepared directories."""
 
     env: Mapping[str, str]

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from typing import Literal
+
+from msgspec import Struct
+from msgspec.structs import asdict
 
 Status = Literal["PASS", "FAIL", "SKIP"]
 
 
-@dataclass(frozen=True)
-class Finding:
+class Finding(Struct, frozen=True):
     check: str  # stable id, e.g. "nvml"
     title: str  # what was checked, e.g. "NVML loads"
     status: Status

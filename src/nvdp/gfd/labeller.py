@@ -7,7 +7,7 @@ labels the node, without sharing, and the error is returned for the log and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from nvdp.config.model import Config
 from nvdp.gfd.labels import HostFacts, gfd_labels
@@ -15,8 +15,7 @@ from nvdp.inventory.model import Inventory
 from nvdp.plan import PlanError, plan
 
 
-@dataclass(frozen=True)
-class Pass:
+class Pass(Struct, frozen=True):
     labels: dict[str, str]
     plan_error: str | None = None
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from nvdp.config.model import MigStrategy
 from nvdp.inventory.model import Gpu, Inventory, MigDevice
@@ -36,12 +37,14 @@ class LabelError(ValueError):
     """The node's facts cannot be turned into labels (an unreadable driver version, ...)."""
 
 
-@dataclass(frozen=True)
-class HostFacts:
+class HostFacts(Struct, frozen=True):
     """What the labels need from outside NVML: read from sysfs at the edge."""
 
     machine: str = UNKNOWN  # DMI product name
     gpu_mode: str = UNKNOWN  # "compute" (PCI 3D controller), "graphics" (VGA) or "unknown"
+
+
+UNKNOWN_HOST = HostFacts()
 
 
 def sanitise(text: str) -> str:
@@ -72,8 +75,7 @@ def gpu_mode_from_pci_class(pci_class: str) -> str:
     return {"0x030200": "compute", "0x030000": "graphics"}.get(pci_class.strip().lower(), UNKNOWN)
 
 
-@dataclass(frozen=True)
-class _Sharing:
+class _Sharing(Struct, frozen=True):
     replicas: int
     strategy: str
     renamed: bool
@@ -252,7 +254,7 @@ def gfd_labels(
     inventory: Inventory,
     plan: Plan | None,
     mig_strategy: MigStrategy,
-    host: HostFacts = HostFacts(),
+    host: HostFacts = UNKNOWN_HOST,
 ) -> dict[str, str]:
     """NVIDIA's GPU feature discovery label set for this node, without the timestamp.
 

@@ -13,7 +13,8 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from nvdp.config.sources import ENV_VARS
 from nvdp.nodeconfig import NodeConfigSettings, add_node_config_arguments, settings_from
@@ -84,8 +85,7 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * _UNIT_S[u] for n, u in parts)
 
 
-@dataclass(frozen=True)
-class ProcessOptions:
+class ProcessOptions(Struct, frozen=True):
     """Settings of the process itself, outside the config file."""
 
     config_file: str | None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 # NVML's nvmlGpuTopologyLevel_t values; lower is closer.
 TOPOLOGY_LEVELS: dict[int, str] = {
@@ -15,8 +15,7 @@ TOPOLOGY_LEVELS: dict[int, str] = {
 }
 
 
-@dataclass(frozen=True)
-class MigAttributes:
+class MigAttributes(Struct, frozen=True):
     """NVML's nvmlDeviceAttributes_t of a MIG device (what GPU feature discovery labels)."""
 
     multiprocessors: int = 0
@@ -30,8 +29,7 @@ class MigAttributes:
     memory_mib: int = 0  # MemorySizeMB as NVML reports it for the MIG device
 
 
-@dataclass(frozen=True)
-class MigDevice:
+class MigDevice(Struct, frozen=True):
     uuid: str  # "MIG-..."
     index: int  # enumeration index under its parent (the j of "i:j")
     parent_uuid: str
@@ -47,8 +45,7 @@ class MigDevice:
         return f"{self.parent_index}:{self.index}"
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(Struct, frozen=True):
     index: int
     uuid: str  # "GPU-..."
     name: str  # product name, e.g. "Tesla T4"
@@ -62,8 +59,7 @@ class Gpu:
     mig_devices: tuple[MigDevice, ...] = ()
 
 
-@dataclass(frozen=True)
-class Link:
+class Link(Struct, frozen=True):
     """Topology between two GPUs (by index), used to prefer well-connected sets."""
 
     a: int
@@ -72,8 +68,7 @@ class Link:
     pcie_level: int  # a TOPOLOGY_LEVELS key
 
 
-@dataclass(frozen=True)
-class LostGpu:
+class LostGpu(Struct, frozen=True):
     """A GPU that NVML reports but that could not be read (fell off the bus, ...)."""
 
     index: int
@@ -81,8 +76,7 @@ class LostGpu:
     reason: str
 
 
-@dataclass(frozen=True)
-class Inventory:
+class Inventory(Struct, frozen=True):
     driver_version: str
     cuda_driver_version: str  # "12.4"
     gpus: tuple[Gpu, ...] = ()

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
+from msgspec import Struct, field
 
 # The only label prefix this project writes; anything else on the Node belongs to someone else.
 OWNED_LABEL_PREFIX = "nvidia.com/"
 
 
-@dataclass(frozen=True)
-class NodeLabels:
+class NodeLabels(Struct, frozen=True):
     """A Node as the watcher sees it: identity, version, labels."""
 
     name: str

@@ -6,7 +6,8 @@ Pure functions of the plan and the inventory, so the arithmetic is tested withou
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
@@ -26,8 +27,7 @@ def max_replicas_per_gpu(compute_capability: tuple[int, int]) -> int:
     return mps_replica_cap(compute_capability)
 
 
-@dataclass(frozen=True)
-class MpsGpu:
+class MpsGpu(Struct, frozen=True):
     uuid: str
     index: int  # NVML index on the node
     ordinal: int  # position in the daemon's CUDA_VISIBLE_DEVICES, what MPS commands address
@@ -44,8 +44,7 @@ class MpsGpu:
         return self.memory_bytes // self.replicas // MIB
 
 
-@dataclass(frozen=True)
-class MpsSettings:
+class MpsSettings(Struct, frozen=True):
     resource_name: str
     gpus: tuple[MpsGpu, ...]  # in CUDA_VISIBLE_DEVICES order
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+
+from msgspec import Struct
 
 DEFAULT_CONTAINER_ROOT = "/mps"
 CONTAINER_ROOT_ENV = "MPS_CONTAINER_ROOT"
@@ -59,8 +60,7 @@ def shm_dir(root: Path) -> Path:
     return root / "shm"
 
 
-@dataclass(frozen=True)
-class ResourcePaths:
+class ResourcePaths(Struct, frozen=True):
     root: Path
     resource_name: str  # "nvidia.com/gpu"
 

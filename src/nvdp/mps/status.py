@@ -12,9 +12,10 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
+
+from msgspec import Struct
 
 State = Literal["starting", "ready", "failing", "stopped"]
 STATES: tuple[State, ...] = ("starting", "ready", "failing", "stopped")
@@ -25,8 +26,7 @@ STALE_AFTER_S = 60.0
 MAX_BYTES = 64 * 1024
 
 
-@dataclass(frozen=True)
-class DaemonStatus:
+class DaemonStatus(Struct, frozen=True):
     state: State
     error: str | None
     updated: float  # time.time() of the last write

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from nvdp.config.model import Config, ResourcePattern
 from nvdp.inventory.model import Gpu, Inventory, MigDevice
@@ -11,8 +11,7 @@ from nvdp.plan.model import Exclusion, PlannedDevice
 from nvdp.plan.patterns import default_gpu_patterns, default_mig_patterns, describe, first_match
 
 
-@dataclass
-class BaseAllocation:
+class BaseAllocation(Struct):
     """Unshared resources (name -> devices, in GPU/MIG index order), exclusions and warnings."""
 
     resources: dict[str, list[PlannedDevice]] = field(default_factory=dict)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from functools import cached_property
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from nvdp.config.model import SharingStrategy
 
 REPLICA_SEPARATOR = "::"
 
 
-@dataclass(frozen=True)
-class PlannedDevice:
+class PlannedDevice(Struct, frozen=True):
     id: str  # advertised to the kubelet: "GPU-...", "MIG-...", "GPU-...::3"
     base_id: str  # the physical or MIG device's UUID (id without the replica suffix)
     index: str  # "0" for a GPU, "0:1" for a MIG device (what deviceIDStrategy=index hands out)
@@ -29,8 +30,7 @@ class PlannedDevice:
         return self.mig is not None
 
 
-@dataclass(frozen=True)
-class PlannedResource:
+class PlannedResource(Struct, frozen=True, dict=True):
     name: str  # fully qualified, "nvidia.com/gpu"
     devices: tuple[PlannedDevice, ...]
     sharing: SharingStrategy = "none"
@@ -44,6 +44,7 @@ class PlannedResource:
         """The part after "nvidia.com/", used in socket names: nvidia-<short_name>.sock."""
         return self.name.split("/", 1)[-1]
 
+    # (dict=True above gives this cache somewhere to live; it takes no part in == or hash.)
     @cached_property
     def _devices_by_id(self) -> dict[str, PlannedDevice]:
         # Allocate looks IDs up on every call; a resource can hold thousands of replicas.
@@ -53,16 +54,14 @@ class PlannedResource:
         return self._devices_by_id.get(device_id)
 
 
-@dataclass(frozen=True)
-class Exclusion:
+class Exclusion(Struct, frozen=True):
     """A physical device that no resource advertises, and why."""
 
     device: str  # UUID, or "GPU <index>" when the UUID is unknown
     reason: str
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(Struct, frozen=True):
     resources: tuple[PlannedResource, ...] = ()
     excluded: tuple[Exclusion, ...] = ()
     warnings: tuple[str, ...] = ()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from msgspec import Struct
+from msgspec.structs import replace
 
 from nvdp.config.model import DeviceSelection, ReplicatedResource, ReplicatedResources, Sharing
 from nvdp.inventory.model import Inventory
@@ -19,8 +20,7 @@ def mps_replica_cap(compute_capability: tuple[int, int]) -> int:
     return MPS_MAX_CLIENTS if compute_capability >= (7, 5) else MPS_MAX_CLIENTS_BEFORE_7_5
 
 
-@dataclass(frozen=True)
-class _SharedGroup:
+class _SharedGroup(Struct, frozen=True):
     label: str  # "sharing.timeSlicing.resources[0]", for messages
     entry: ReplicatedResource
     target: str  # the advertised name: rename, or the entry's name

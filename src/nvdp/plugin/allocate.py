@@ -18,7 +18,8 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from nvdp.config.model import Config
 from nvdp.plan.ids import device_container_ids
@@ -52,22 +53,19 @@ class AllocationRefused(ValueError):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class MountSpec:
+class MountSpec(Struct, frozen=True):
     container_path: str
     host_path: str
     read_only: bool = False
 
 
-@dataclass(frozen=True)
-class DeviceNode:
+class DeviceNode(Struct, frozen=True):
     container_path: str
     host_path: str
     permissions: str = DEVICE_PERMISSIONS
 
 
-@dataclass(frozen=True)
-class ContainerAllocation:
+class ContainerAllocation(Struct, frozen=True):
     envs: Mapping[str, str] = field(default_factory=dict)
     mounts: tuple[MountSpec, ...] = ()
     devices: tuple[DeviceNode, ...] = ()

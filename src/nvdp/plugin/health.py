@@ -12,8 +12,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from nvdp import recording
 from nvdp.config.model import DEFAULT_IGNORED_XIDS, Config
@@ -34,8 +35,7 @@ WANTED_EVENTS = EVENT_XID_CRITICAL | EVENT_DOUBLE_BIT_ECC | EVENT_SINGLE_BIT_ECC
 OnUnhealthy = Callable[[frozenset[str], str], None]
 
 
-@dataclass(frozen=True)
-class XidPolicy:
+class XidPolicy(Struct, frozen=True):
     """Which XIDs mark a device unhealthy (NVIDIA's DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS)."""
 
     enabled: bool = True  # False: no health checks at all, NVML events are not even registered

@@ -26,9 +26,10 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
+
+from msgspec import Struct
 
 from nvdp import __version__, recording
 from nvdp.config.model import Config
@@ -58,8 +59,7 @@ class StartupError(Exception):
     """Why the plugin cannot serve with the current config and node; the message has the fix."""
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(Struct, frozen=True):
     config: Config
     inventory: Inventory
     plan: Plan

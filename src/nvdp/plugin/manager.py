@@ -16,7 +16,9 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
@@ -42,8 +44,7 @@ STOP_TIMEOUT_S = 5.0
 _LOG_AFTER_DELIVERY_S = 0.05
 
 
-@dataclass(frozen=True)
-class PlanDiff:
+class PlanDiff(Struct, frozen=True):
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()  # same name, other devices: the running resource is updated

@@ -21,7 +21,8 @@ import math
 import operator
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from nvdp.config.model import AllocationPolicy
 from nvdp.inventory.model import Inventory
@@ -46,8 +47,7 @@ def pair_score(nvlinks: int, pcie_level: int) -> int:
     return NVLINK_SCORE * nvlinks + PCIE_SCORES.get(pcie_level, 0)
 
 
-@dataclass(frozen=True)
-class _Candidate:
+class _Candidate(Struct, frozen=True):
     id: str
     order: int  # position in the plan, for deterministic tie-breaks
     group: str  # the device replicas share (base_id)

@@ -11,20 +11,19 @@ restarting the plugin would not bring the kubelet back.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from nvdp.endpoints import Response
 
 
-@dataclass(frozen=True)
-class ResourceStatus:
+class ResourceStatus(Struct, frozen=True):
     name: str
     registered: bool
     waiting: str | None = None  # why an MPS resource is held back, while it is
 
 
-@dataclass(frozen=True)
-class Check:
+class Check(Struct, frozen=True):
     name: str
     problem: str | None = None  # None: fine
 

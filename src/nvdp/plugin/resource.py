@@ -16,8 +16,9 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Protocol
+
+from msgspec.structs import replace
 
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory

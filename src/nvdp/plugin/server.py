@@ -18,10 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from nvdp import recording
 from nvdp.config.model import Config
@@ -173,8 +175,7 @@ def allocation_message(allocation: ContainerAllocation) -> Any:
     )
 
 
-@dataclass(frozen=True)
-class _Answer:
+class _Answer(Struct, frozen=True):
     """An AllocateResponse and, per container, what the log says: the requested IDs as shown, and
     those that were unhealthy."""
 
