@@ -207,7 +207,7 @@ class PluginManager:
 
     def mark_unhealthy(self, uuids: frozenset[str], reason: str) -> None:
         """Health event: every device backed by one of `uuids` turns Unhealthy, for good (until re-plan)."""
-        lines: list[tuple[RunningResource | None, str, int, str]] = []
+        changed: list[tuple[RunningResource | None, PlannedResource, PlannedResource]] = []
         with self._lock:
             before = self._plan
             self._plan = before.with_unhealthy(uuids)
@@ -218,15 +218,17 @@ class PluginManager:
                 running = self._resources.get(new.name)
                 if running is not None:
                     running.update(new)
-                was_healthy = {d.id for d in old.devices if d.healthy}
-                newly = [d.id for d in new.devices if not d.healthy and d.id in was_healthy]
-                lines.append((running, new.name, len(newly), _short_list(newly)))
-        for running, name, count, shown in lines:
-            # Written once the kubelet has the new list: formatting and writing the line would
-            # otherwise hold the interpreter while the stream waits to send it (about 0.1 ms).
+                changed.append((running, old, new))
+        # What the log line says is worked out once the kubelet has the new list: until then the
+        # stream waits for the interpreter this thread holds (about 0.1 ms for the line alone).
+        for running, old, new in changed:
             if running is not None:
                 running.wait_delivered(_LOG_AFTER_DELIVERY_S)
-            self._log.warning("%s: %d device(s) marked unhealthy (%s): %s", name, count, reason, shown)
+            was_healthy = {d.id for d in old.devices if d.healthy}
+            newly = [d.id for d in new.devices if not d.healthy and d.id in was_healthy]
+            self._log.warning(
+                "%s: %d device(s) marked unhealthy (%s): %s", new.name, len(newly), reason, _short_list(newly)
+            )
 
     def kubelet_restarted(self) -> None:
         """kubelet.sock was created again: the kubelet forgot us and may have removed our sockets."""
