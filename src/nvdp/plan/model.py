@@ -75,7 +75,7 @@ class Plan(Struct, frozen=True):
         A GPU's UUID marks all its replicas and MIG devices; a MIG UUID marks that MIG device.
         """
         def marked(device: PlannedDevice) -> bool:
-            return device.healthy and (device.base_id in uuids or any(g in uuids for g in device.gpu_uuids))
+            return device.healthy and (device.base_id in uuids or not uuids.isdisjoint(device.gpu_uuids))
 
         # Unchanged resources (and the plan, when nothing changes) stay the same objects: the health
         # path compares them with the running ones right after, and identity answers that at once.
