@@ -211,7 +211,7 @@ def reregister_ms(kubelet: KubeletSim) -> float:
     return float((kubelet.registrations[count]["monotonic"] - t0) * 1000)
 
 
-def xid_ms(run: Running, events: int = 3) -> float:
+def xid_ms(run: Running, events: int = 7) -> float:
     """Median of `events` XIDs, one GPU at a time, once the plugin has settled after start-up."""
     node = run.node
     assert node is not None
