@@ -245,13 +245,16 @@ class PreferredAllocator:
         # only as far as picks reach. IDs not in the plan (an update raced the request) are each a
         # group of their own, after the planned ones, in request order - or join the planned group
         # they name (a GPU's UUID from a plan without replicas).
-        known = self._devices
-        unknown = [] if known.keys() >= available_set else [i for i in available if i not in known]
         still_free: dict[str, int] = {}
+        matched = 0
         for group, ids in self._group_ids.items():
             count = len(ids & available_set)
             if count:
                 still_free[group] = count
+                matched += count
+        # The groups partition the planned IDs, so the counts tell whether any ID is not planned.
+        known = self._devices
+        unknown = [] if matched == len(available_set) else [i for i in available if i not in known]
         for device_id in unknown:
             still_free[device_id] = still_free.get(device_id, 0) + 1
         handed_out = {g: self._group_totals.get(g, n) - n for g, n in still_free.items()}
