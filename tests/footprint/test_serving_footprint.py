@@ -39,9 +39,10 @@ ALLOCATES = 200
 # TLS (ssl: gRPC over unix sockets needs none), hashing config-directory entries (hashlib loads
 # libcrypto; only with CONFIG_DIR), suggesting key names (difflib), packaging (importlib.resources,
 # zipfile), and what those pull in. (uuid and platform do load: msgspec, the records' library, imports
-# them.)
+# them.) No dataclasses either: each frozen one compiles six methods at import, ~0.6 ms a class; records
+# are msgspec Structs (see bench/RESULTS.md).
 NOT_IMPORTED = (
-    "jsonschema", "referencing", "rpds", "attrs", "yaml", "ssl", "_ssl", "difflib",
+    "jsonschema", "referencing", "rpds", "attrs", "yaml", "ssl", "_ssl", "difflib", "dataclasses",
     "importlib.resources", "zipfile", "email", "http", "urllib.request", "multiprocessing",
     "google.protobuf.json_format", "fastjsonschema", "hashlib", "_hashlib", "asyncio.events",
     "asyncio.base_events", "grpc.aio._server", "grpc.aio._channel",
