@@ -126,6 +126,27 @@ def test_monitor_reports_critical_xid_and_skips_ignored_and_ecc() -> None:
     assert nvml.init_count == 0
 
 
+def test_an_xid_is_counted_before_its_devices_are_marked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whoever sees a device Unhealthy (the kubelet, a metrics scrape) must find its XID counted."""
+    from nvdp import recording
+
+    counted: list[tuple[str, int, str]] = []
+    monkeypatch.setattr(recording, "xid", lambda gpu, code, action: counted.append((gpu, code, action)))
+    at_report: queue.Queue[list[tuple[str, int, str]]] = queue.Queue()
+    nvml = FakeNvml(["GPU-0"])
+
+    def report(_uuids: frozenset[str], _reason: str) -> None:
+        at_report.put(list(counted))
+
+    monitor = HealthMonitor(inventory(gpu(0)), xid_policy(), report, LOG, nvml=nvml, wait_ms=20)
+    assert monitor.start()
+    try:
+        nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 79))
+        assert at_report.get(timeout=5) == [("GPU-0", 79, "critical")]
+    finally:
+        monitor.stop()
+
+
 def test_monitor_repeated_xid_is_reported_once() -> None:
     nvml = FakeNvml(["GPU-0", "GPU-1"])
     monitor, recorder = start_monitor(nvml)

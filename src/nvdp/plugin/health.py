@@ -279,22 +279,23 @@ class HealthMonitor:
             recording.xid(gpu_uuid or "unknown", xid, "ignored")
             self._log.info("Ignoring XID %d (not critical under the current health check settings)", xid)
             return
+        # Counted before the devices are marked: whoever sees a device Unhealthy (the kubelet, a
+        # metrics scrape) finds its XID already counted.
+        recording.xid(gpu_uuid or "unknown", xid, "critical")
         if gpu_uuid is None:
             targets = frozenset(g.uuid for g in self._inventory.gpus)
             self._report(targets, f"XID {xid} on a GPU that could not be identified")
-        else:
-            gi_id, ci_id = int(data.gpuInstanceId), int(data.computeInstanceId)
-            targets = event_targets(self._inventory, gpu_uuid, gi_id, ci_id)
-            if targets:
-                reason = "GPU has fallen off the bus" if xid == XID_FALLEN_OFF_BUS else "critical error"
-                self._report(targets, f"XID {xid} ({reason})")
-            else:
-                self._log.warning(
-                    "XID %d on GPU %s instance %d/%d, which no resource advertises; ignoring it",
-                    xid, gpu_uuid, gi_id, ci_id,
-                )
-        # Counted after the devices are marked: the kubelet's list is the urgent part.
-        recording.xid(gpu_uuid or "unknown", xid, "critical")
+            return
+        gi_id, ci_id = int(data.gpuInstanceId), int(data.computeInstanceId)
+        targets = event_targets(self._inventory, gpu_uuid, gi_id, ci_id)
+        if not targets:
+            self._log.warning(
+                "XID %d on GPU %s instance %d/%d, which no resource advertises; ignoring it",
+                xid, gpu_uuid, gi_id, ci_id,
+            )
+            return
+        reason = "GPU has fallen off the bus" if xid == XID_FALLEN_OFF_BUS else "critical error"
+        self._report(targets, f"XID {xid} ({reason})")
 
     def _event_gpu(self, handle: Any) -> str | None:
         known = self._handles.get(_address(handle))
