@@ -93,7 +93,8 @@ def test_time_slicing_replicas_and_xid_marks_every_replica(make_plugin: MakePlug
     node.inject_xid(uuid, 48)
     devices = kubelet.wait_for_resource("nvidia.com/gpu", count=10, healthy=0, timeout=10)
     assert {d["health"] for d in devices} == {"Unhealthy"}
-    assert "nvidia.com/gpu: 10 device(s) marked unhealthy (XID 48 (critical error))" in plugin.log
+    # The line is written once the kubelet has the list, so it can come just after.
+    plugin.wait_for_log("nvidia.com/gpu: 10 device(s) marked unhealthy (XID 48 (critical error))")
     assert "Ignoring XID 13" in plugin.log
     stop_cleanly(plugin)
 

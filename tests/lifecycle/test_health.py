@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ctypes
 import logging
 import queue
 import threading
@@ -10,6 +11,7 @@ from nvdp.config.model import Config, Flags, PluginFlags
 from nvdp.plugin.health import (
     HealthMonitor,
     XidPolicy,
+    event_fields,
     event_targets,
     policy_from_config,
     xid_policy,
@@ -287,3 +289,27 @@ def test_a_guarded_thread_that_dies_takes_the_process_down(caplog: pytest.LogCap
     finally:
         on_fatal(None)
     assert "The test thread stopped unexpectedly; the plugin cannot go on without it" in caplog.messages
+
+
+def test_an_nvml_event_is_read_whole_with_the_device_as_its_address() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    device = ctypes.create_string_buffer(16)
+    data = pynvml.c_nvmlEventData_t()
+    data.device = ctypes.cast(device, pynvml.c_nvmlDevice_t)
+    data.eventType, data.eventData = 0x8, 79
+    data.gpuInstanceId, data.computeInstanceId = 3, 0xFFFFFFFF
+    assert event_fields(data) == (ctypes.addressof(device), 0x8, 79, 3, 0xFFFFFFFF)
+
+
+def test_an_event_with_another_layout_is_read_field_by_field() -> None:
+    # Same names and size as nvml.h's, other offsets: unpacked as nvml.h's, eventType would be 48 << 32 | 8.
+    class Narrow(ctypes.Structure):
+        _fields_ = [("device", ctypes.c_void_p), ("eventType", ctypes.c_uint32),
+                    ("eventData", ctypes.c_uint32), ("gpuInstanceId", ctypes.c_uint64),
+                    ("computeInstanceId", ctypes.c_uint64)]
+
+    handle = object()
+    narrow = Narrow(None, 0x8, 48, 1, 2)
+    assert ctypes.sizeof(Narrow) == ctypes.sizeof(pytest.importorskip("pynvml").c_nvmlEventData_t)
+    assert event_fields(narrow) == (0, 0x8, 48, 1, 2)
+    assert event_fields(Event(handle, 0x8, 48)) == (id(handle), 0x8, 48, 0xFFFFFFFF, 0xFFFFFFFF)

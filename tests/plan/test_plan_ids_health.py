@@ -66,4 +66,16 @@ def test_a_mig_uuid_marks_only_that_mig_device_and_its_replicas() -> None:
 
 def test_unknown_uuid_changes_nothing() -> None:
     p = plan(config(), inventory(gpu(0)))
-    assert p.with_unhealthy(frozenset({"GPU-other"})) == p
+    assert p.with_unhealthy(frozenset({"GPU-other"})) is p
+
+
+def test_what_a_health_event_leaves_alone_stays_the_same_object() -> None:
+    # The health path finds the resources to update by identity, and unchanged devices keep theirs.
+    inv = inventory(gpu(0, H100, (9, 0), ("1g.10gb",)), gpu(1, H100, (9, 0), ("1g.10gb",)), gpu(2))
+    p = plan(config("mixed"), inv)
+    sick = p.with_unhealthy(frozenset({gpu_uuid(2)}))
+    changed = [new is not old for new, old in zip(sick.resources, p.resources, strict=True)]
+    assert changed.count(True) == 1
+    (old, new), = [(o, n) for o, n in zip(p.resources, sick.resources, strict=True) if o is not n]
+    assert [n is o for n, o in zip(new.devices, old.devices, strict=True)] == [d.healthy for d in new.devices]
+    assert sick.with_unhealthy(frozenset({gpu_uuid(2)})) is sick  # already unhealthy: nothing changes

@@ -74,17 +74,18 @@ class Plan(Struct, frozen=True):
 
         A GPU's UUID marks all its replicas and MIG devices; a MIG UUID marks that MIG device.
         """
-        def marked(device: PlannedDevice) -> bool:
-            return device.healthy and (device.base_id in uuids or not uuids.isdisjoint(device.gpu_uuids))
-
-        # Unchanged resources (and the plan, when nothing changes) stay the same objects: the health
-        # path compares them with the running ones right after, and identity answers that at once.
-        resources = tuple(
-            replace(r, devices=tuple(replace(d, healthy=False) if marked(d) else d for d in r.devices))
-            if any(marked(d) for d in r.devices)
-            else r
-            for r in self.resources
-        )
-        if all(new is old for new, old in zip(resources, self.resources, strict=True)):
-            return self
-        return replace(self, resources=resources)
+        # One pass, and new objects only for what changes: this runs on the health path, between the
+        # XID and the kubelet. Unchanged resources (and the plan, when nothing changes) stay the same
+        # objects: the health path compares them with the running ones right after, by identity.
+        resources = list(self.resources)
+        changed = False
+        for n, resource in enumerate(resources):
+            hit = [i for i, d in enumerate(resource.devices)
+                   if d.healthy and (d.base_id in uuids or not uuids.isdisjoint(d.gpu_uuids))]
+            if hit:
+                devices = list(resource.devices)
+                for i in hit:
+                    devices[i] = replace(devices[i], healthy=False)
+                resources[n] = replace(resource, devices=tuple(devices))
+                changed = True
+        return replace(self, resources=tuple(resources)) if changed else self
