@@ -122,6 +122,7 @@ def plugin(
     `profile` names a stand-in NVML profile; None runs on NVIDIA's mock NVML (`upstream` unpacked).
     `src` runs nvdp from another source tree (a baseline); `kind` is then that baseline's label.
     `kind=FLOOR` runs bench/floor_plugin.py with nvdp's environment; it reads no config.
+    `python_args` replaces what follows the interpreter (nvdp's entry point, or the floor's).
     """
     with tempfile.TemporaryDirectory(prefix="nvdp-bench-") as tmp:
         work = Path(tmp)
@@ -136,7 +137,8 @@ def plugin(
         if kind == FLOOR:
             env = nvdp_env(plugin_dir, None)
             env["PYTHONPATH"] = os.pathsep.join((str(ROOT / "bench"), env["PYTHONPATH"]))
-            argv = [sys.executable, "-c", FLOOR_ENTRY_POINT]  # imported from cached bytecode, as nvdp
+            # Imported from cached bytecode, as nvdp; `python_args` may wrap the entry point.
+            argv = [sys.executable, *(python_args or ["-c", FLOOR_ENTRY_POINT])]
         elif kind != NVIDIA:
             env = nvdp_env(plugin_dir, config_file, src or ROOT / "src")
             argv = nvdp_command(python_args)

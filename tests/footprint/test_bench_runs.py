@@ -55,10 +55,14 @@ def test_side_by_side_prints_both_plugins_or_the_reason() -> None:
     assert "load average" in result.stdout
 
 
-def test_floor_plugin_registers_and_allocates_the_requested_ids() -> None:
+FLOOR_SERVERS = pytest.mark.parametrize("server", ["threads", "aio"])
+
+
+@FLOOR_SERVERS
+def test_floor_plugin_registers_and_allocates_the_requested_ids(server: str) -> None:
     """The floor under nvdp's figures is a working plugin, or the floor column would measure nothing."""
     bench = _bench_module()
-    with bench.plugin("mixed-4", kind=bench.FLOOR) as run:
+    with bench.plugin("mixed-4", kind=bench.FLOOR, extra_env={"FLOOR_SERVER": server}) as run:
         bench.wait_until(lambda: bool(run.kubelet.registrations), timeout=30)
         registration = run.kubelet.registrations[0]
         assert (registration["version"], registration["resource_name"]) == ("v1beta1", bench.RESOURCE)
@@ -70,12 +74,14 @@ def test_floor_plugin_registers_and_allocates_the_requested_ids() -> None:
         assert [c["envs"] for c in response["container_responses"]] == [
             {"NVIDIA_VISIBLE_DEVICES": f"{uuids[2]},{uuids[0]}"}, {"NVIDIA_VISIBLE_DEVICES": uuids[3]}]
         assert run.kubelet.preferred(bench.RESOURCE, uuids, [uuids[3]], 2) == [uuids[3], uuids[0]]
+        assert f"floor plugin: gRPC server: {server}\n" in run.log_path.read_text()
     assert run.process.returncode == 0, run.log_path.read_text()
 
 
-def test_floor_plugin_turns_a_gpu_unhealthy_on_a_critical_xid() -> None:
+@FLOOR_SERVERS
+def test_floor_plugin_turns_a_gpu_unhealthy_on_a_critical_xid(server: str) -> None:
     bench = _bench_module()
-    with bench.plugin("mixed-4", kind=bench.FLOOR) as run:
+    with bench.plugin("mixed-4", kind=bench.FLOOR, extra_env={"FLOOR_SERVER": server}) as run:
         uuids = [gpu.uuid for gpu in run.node.inventory.gpus]
         run.kubelet.wait_for_resource(bench.RESOURCE, count=4, healthy=4, timeout=30)
         bench.wait_until(lambda: bool(run.kubelet.registrations), timeout=30)
@@ -96,3 +102,26 @@ def test_floor_plugin_advertises_replicas_for_the_time_slicing_figure() -> None:
         response = run.kubelet.allocate(bench.RESOURCE, [ids[1:]])
         assert response["container_responses"][0]["envs"] == {"NVIDIA_VISIBLE_DEVICES": uuid}
         assert run.kubelet.preferred(bench.RESOURCE, ids, [], 2) == ids[:2]
+
+
+@pytest.mark.slow
+def test_xid_stages_prints_every_stage_for_both_plugins() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "xid_stages.py"), "--rounds", "1",
+                             "--events", "2"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "events with every stamp: nvdp 2, floor 2" in result.stdout, result.stdout
+    lines = result.stdout.splitlines()
+    total = next(line for line in lines if line.startswith("XID written -> Unhealthy seen"))
+    nvdp, floor = (float(cell) for cell in total.split()[-3:-1])
+    assert 0 < nvdp < 1000 and 0 < floor < 1000, total
+
+
+@pytest.mark.slow
+def test_floor_servers_compares_both_servers() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "floor_servers.py"), "--rounds", "1",
+                             "--calls", "50"], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    rows = {line[:22].strip(): line[22:].split() for line in result.stdout.splitlines()}
+    for figure in ("spawn -> registered", "VmHWM after 5 s", "Allocate p50", "XID -> Unhealthy"):
+        threads, _unit, aio, _unit2, ratio = rows[figure]
+        assert float(threads) > 0 and float(aio) > 0 and float(ratio) > 0, rows[figure]
