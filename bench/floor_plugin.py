@@ -158,24 +158,34 @@ def watch_xids(plugin: DevicePlugin | AioDevicePlugin, stop: threading.Event) ->
         print(f"floor plugin: health checks end: {err}", file=sys.stderr)
 
 
-def serve(plugin_dir: str) -> None:
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
-    plugin = DevicePlugin(advertised_ids(gpu_uuids()))
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+REGISTER = pb.RegisterRequest(version="v1beta1", endpoint=SOCKET, resource_name=RESOURCE,
+                              options=pb.DevicePluginOptions(get_preferred_allocation_available=True))
+
+
+def listen(server: Any, plugin: DevicePlugin | AioDevicePlugin, plugin_dir: str) -> None:
+    """Serve `plugin` on SOCKET in `plugin_dir`, replacing a stale socket (either kind of server)."""
     pb_grpc.add_DevicePluginServicer_to_server(plugin, server)
     socket_path = os.path.join(plugin_dir, SOCKET)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)
     if server.add_insecure_port(f"unix://{socket_path}") == 0:
         raise OSError(f"cannot listen on {socket_path}")
+
+
+def kubelet_address(plugin_dir: str) -> str:
+    return f"unix://{os.path.join(plugin_dir, 'kubelet.sock')}"
+
+
+def serve(plugin_dir: str) -> None:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    plugin = DevicePlugin(advertised_ids(gpu_uuids()))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    listen(server, plugin, plugin_dir)
     server.start()
     try:
-        with grpc.insecure_channel(f"unix://{os.path.join(plugin_dir, 'kubelet.sock')}") as channel:
-            pb_grpc.RegistrationStub(channel).Register(pb.RegisterRequest(
-                version="v1beta1", endpoint=SOCKET, resource_name=RESOURCE,
-                options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
-            ), timeout=10, wait_for_ready=True)
+        with grpc.insecure_channel(kubelet_address(plugin_dir)) as channel:
+            pb_grpc.RegistrationStub(channel).Register(REGISTER, timeout=10, wait_for_ready=True)
         # Health checking starts after Register, as in NVIDIA's plugin.
         threading.Thread(target=watch_xids, args=(plugin, stop), daemon=True).start()
         stop.wait()
@@ -227,19 +237,11 @@ async def serve_aio(plugin_dir: str) -> None:
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
     plugin = AioDevicePlugin(advertised_ids(gpu_uuids()), loop)
     server = grpc.aio.server()
-    pb_grpc.add_DevicePluginServicer_to_server(plugin, server)
-    socket_path = os.path.join(plugin_dir, SOCKET)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(socket_path)
-    if server.add_insecure_port(f"unix://{socket_path}") == 0:
-        raise OSError(f"cannot listen on {socket_path}")
+    listen(server, plugin, plugin_dir)
     await server.start()
     try:
-        async with grpc.aio.insecure_channel(f"unix://{os.path.join(plugin_dir, 'kubelet.sock')}") as channel:
-            await pb_grpc.RegistrationStub(channel).Register(pb.RegisterRequest(
-                version="v1beta1", endpoint=SOCKET, resource_name=RESOURCE,
-                options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
-            ), timeout=10, wait_for_ready=True)
+        async with grpc.aio.insecure_channel(kubelet_address(plugin_dir)) as channel:
+            await pb_grpc.RegistrationStub(channel).Register(REGISTER, timeout=10, wait_for_ready=True)
         stop = threading.Event()
         threading.Thread(target=watch_xids, args=(plugin, stop), daemon=True).start()
         await stopping.wait()
