@@ -24,6 +24,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -132,8 +133,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--events", type=int, default=7, help="XIDs per plugin per round (at most 8)")
     args = parser.parse_args(argv)
-    import tempfile
-
     kinds = (NVDP, FLOOR)
     seen: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
     loads = [load_average()]
