@@ -6,13 +6,16 @@ Runs the same do-nothing server three ways, each in its own process, and calls A
 process the way the kubelet simulator does (a synchronous stub, one call at a time):
 - `threads`: grpc.server with a ThreadPoolExecutor (what nvdp's ResourceServer uses);
 - `threads+stream`: the same with one ListAndWatch stream held open, as the kubelet always does;
-- `aio`: grpc.aio.server on an asyncio loop, also with the stream open.
+- `aio`: grpc.aio.server on an asyncio loop, also with the stream open;
+- with `--option NAME=VALUE` (repeatable, e.g. grpc.minimal_stack=1): `threads+options`, the
+  `threads+stream` server given those channel arguments.
 Prints p50/p99 per variant (medians over interleaved rounds) and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -33,7 +36,7 @@ from nvdp.plugin.api import deviceplugin_pb2_grpc as pb_grpc_typed  # noqa: E402
 pb_grpc: Any = pb_grpc_typed
 
 _SERVER = r"""
-import asyncio, sys, threading, time
+import asyncio, json, os, sys, threading, time
 from concurrent import futures
 import grpc
 from nvdp.plugin.api import deviceplugin_pb2 as pb, deviceplugin_pb2_grpc as pb_grpc
@@ -74,7 +77,8 @@ if variant == "aio":
         await server.wait_for_termination()
     asyncio.run(main())
 else:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    options = [tuple(option) for option in json.loads(os.environ.get("FLOOR_GRPC_OPTIONS") or "[]")]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=options)
     pb_grpc.add_DevicePluginServicer_to_server(Sync(), server)
     server.add_insecure_port("unix://" + path)
     server.start()
@@ -83,11 +87,16 @@ else:
 """
 
 
-def run_variant(variant: str, calls: int) -> tuple[float, float]:
+ChannelOption = tuple[str, str | int]
+
+
+def run_variant(variant: str, calls: int, options: list[ChannelOption] | None = None) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="nvdp-floor-") as tmp:
         path = os.path.join(tmp, "plugin.sock")
         server_kind = "aio" if variant == "aio" else "threads"
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        if variant == "threads+options":
+            env["FLOOR_GRPC_OPTIONS"] = json.dumps(options or [])
         process = subprocess.Popen([sys.executable, "-c", _SERVER, server_kind, path], env=env,
                                    stdout=subprocess.PIPE)
         try:
@@ -118,20 +127,33 @@ def run_variant(variant: str, calls: int) -> tuple[float, float]:
             process.wait()
 
 
+def channel_option(text: str) -> ChannelOption:
+    name, equals, value = text.partition("=")
+    if not name or not equals:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE, e.g. grpc.minimal_stack=1")
+    return name, int(value) if value.lstrip("-").isdigit() else value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--option", type=channel_option, action="append", default=[], metavar="NAME=VALUE",
+                        help="a gRPC channel argument for an extra threads+options variant; repeatable")
     args = parser.parse_args(argv)
-    variants = ("threads", "threads+stream", "aio")
+    variants: tuple[str, ...] = ("threads", "threads+stream", "aio")
+    if args.option:
+        variants += ("threads+options",)
     results: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     loads = [" ".join(Path("/proc/loadavg").read_text().split()[:3])]
     for round_no in range(args.rounds):
         order = variants if round_no % 2 == 0 else tuple(reversed(variants))
         for variant in order:
-            results[variant].append(run_variant(variant, args.calls))
+            results[variant].append(run_variant(variant, args.calls, args.option))
         loads.append(" ".join(Path("/proc/loadavg").read_text().split()[:3]))
     print(f"load average: {' | '.join(loads)}")
+    if args.option:
+        print("threads+options: " + ", ".join(f"{name}={value}" for name, value in args.option))
     print(f"{'server':16} {'p50':>8} {'p99':>8}   ({args.rounds} rounds x {args.calls} sequential Allocate)")
     for variant in variants:
         p50 = statistics.median(r[0] for r in results[variant])

@@ -3,19 +3,24 @@
     .venv/bin/python bench/profile_plugin.py imports   # -X importtime of the serving process, by package
     .venv/bin/python bench/profile_plugin.py memory    # tracemalloc by file + RSS by mapping, after start
     .venv/bin/python bench/profile_plugin.py allocate  # cProfile of the Allocate handler, and gRPC's share
+    .venv/bin/python bench/profile_plugin.py phases    # spawn -> registered, stage by stage (NVIDIA's mock)
 
 Every mode runs the real plugin (`python -m nvdp.plugin.main`, t4 profile of the stand-in NVML)
-registered with the kubelet simulator, as plugin_bench.py does. Figures go to bench/RESULTS.md.
+registered with the kubelet simulator, as plugin_bench.py does; `phases` runs it as the start-up
+figure does (console-script entry point, NVIDIA's mock NVML with 8x A100). Figures go to
+bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import cProfile
 import io
 import pstats
 import re
 import signal
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -24,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src"), str(ROOT / "bench")]
 
-from plugin_bench import plugin, wait_until  # noqa: E402
+from plugin_bench import ENTRY_POINT, plugin, unpack_upstream, wait_until  # noqa: E402
 
 # Runs the plugin with tracemalloc on; SIGUSR1 writes the top allocation sites beside the socket folder.
 _TRACED_MAIN = """
@@ -41,6 +46,60 @@ signal.signal(signal.SIGUSR1, dump)
 from nvdp.plugin.main import main
 sys.exit(main())
 """
+
+# The console-script entry point with a stamp (CLOCK_MONOTONIC, shared with the harness) at the start
+# and end of each stage of PluginProcess; the stamps go to stderr once health checking has started.
+_PHASES_MAIN = """
+import time
+_stamps = [("interpreter ready", time.monotonic())]
+import sys
+import nvdp.plugin.main as _main
+_stamps.append(("nvdp.plugin.main imported", time.monotonic()))
+def _stamped(name, method):
+    def run(self, *args, **kwargs):
+        _stamps.append((name + " <", time.monotonic()))
+        result = method(self, *args, **kwargs)
+        _stamps.append((name + " >", time.monotonic()))
+        if name == "start_health":
+            sys.stderr.write("PHASES " + repr(_stamps) + "\\n")
+        return result
+    return run
+for _name in ("load_config", "discover", "make_plan", "serve", "start_health"):
+    setattr(_main.PluginProcess, _name, _stamped(_name, getattr(_main.PluginProcess, _name)))
+""" + ENTRY_POINT
+
+# (label, from stamp, to stamp); "spawn" and "registered" are the harness's own clock readings.
+_PHASES = (
+    ("spawn -> interpreter ready", "spawn", "interpreter ready"),
+    ("import nvdp.plugin.main", "interpreter ready", "nvdp.plugin.main imported"),
+    ("arguments, logging, signals", "nvdp.plugin.main imported", "load_config <"),
+    ("load config", "load_config <", "load_config >"),
+    ("NVML: pynvml, init, GPUs", "discover <", "discover >"),
+    ("plan (imports grpc, API)", "make_plan <", "make_plan >"),
+    ("servers up -> registered", "serve <", "registered"),
+    ("spawn -> registered", "spawn", "registered"),
+    ("registered -> health started", "registered", "start_health >"),
+)
+
+
+def profile_phases(starts: int) -> None:
+    upstream = unpack_upstream()
+    samples: dict[str, list[float]] = defaultdict(list)
+    for _ in range(starts):
+        with plugin(None, upstream=upstream, python_args=["-c", _PHASES_MAIN]) as run:
+            wait_until(lambda: "PHASES " in run.log_path.read_text(), timeout=30)
+            line = next(x for x in run.log_path.read_text().splitlines() if x.startswith("PHASES "))
+            stamps = dict(ast.literal_eval(line.removeprefix("PHASES ")))
+            stamps["spawn"] = run.started_at
+            stamps["registered"] = run.kubelet.registrations[0]["monotonic"]
+        for label, start, end in _PHASES:
+            samples[label].append((stamps[end] - stamps[start]) * 1000)
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    print(f"start-up stage by stage, NVIDIA's mock NVML (8x A100), medians of {starts} starts; load {load}\n")
+    for label, _start, _end in _PHASES:
+        values = samples[label]
+        print(f"  {label:32} {statistics.median(values):7.1f} ms   ({min(values):.1f}-{max(values):.1f})")
+
 
 _IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)")
 
@@ -160,10 +219,13 @@ def profile_allocate(calls: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("imports", "memory", "allocate"))
+    parser.add_argument("mode", choices=("imports", "memory", "allocate", "phases"))
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--starts", type=int, default=10, help="phases: how many starts to take medians of")
     args = parser.parse_args(argv)
-    if args.mode == "imports":
+    if args.mode == "phases":
+        profile_phases(args.starts)
+    elif args.mode == "imports":
         profile_imports()
     elif args.mode == "memory":
         profile_memory()

@@ -125,3 +125,44 @@ def test_floor_servers_compares_both_servers() -> None:
     for figure in ("spawn -> registered", "VmHWM after 5 s", "Allocate p50", "XID -> Unhealthy"):
         threads, _unit, aio, _unit2, ratio = rows[figure]
         assert float(threads) > 0 and float(aio) > 0 and float(ratio) > 0, rows[figure]
+
+
+@pytest.mark.slow
+def test_start_up_phases_add_up_to_the_registration() -> None:
+    """Every stage of the start-up profile is stamped; the stages in order make up spawn -> registered."""
+    upstream = _bench_module().UPSTREAM_DIR
+    if not (upstream / "setup.sh").is_file():
+        pytest.skip(f"{upstream} (NVIDIA's mock NVML, which the phases run on) is not there")
+    command = [sys.executable, str(ROOT / "bench" / "profile_plugin.py"), "phases", "--starts", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    figures = {line[:34].strip(): float(line[34:].split()[0])
+               for line in result.stdout.splitlines() if line.startswith("  ")}
+    assert len(figures) == 9 and all(value > 0 for value in figures.values()), result.stdout
+    stages = ("spawn -> interpreter ready", "import nvdp.plugin.main", "arguments, logging, signals",
+              "load config", "NVML: pynvml, init, GPUs", "plan (imports grpc, API)",
+              "servers up -> registered")
+    # The stages leave out only the few steps between them (logging a line, entering a method); each
+    # figure is rounded to 0.1 ms, so their sum may pass the total by up to 0.05 ms a stage.
+    total = figures["spawn -> registered"]
+    assert 0.9 * total <= sum(figures[stage] for stage in stages) <= total + 0.05 * len(stages), result.stdout
+
+
+@pytest.mark.slow
+def test_grpc_floor_runs_every_server_and_the_one_given_options() -> None:
+    command = [sys.executable, str(ROOT / "bench" / "grpc_floor.py"), "--rounds", "1", "--calls", "20",
+               "--option", "grpc.minimal_stack=1", "--option", "grpc.http2.bdp_probe=0"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "threads+options: grpc.minimal_stack=1, grpc.http2.bdp_probe=0" in result.stdout, result.stdout
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if " ms " in line}
+    assert sorted(rows) == ["aio", "threads", "threads+options", "threads+stream"], result.stdout
+    for p50, _unit, p99, _unit2 in rows.values():
+        assert 0 < float(p50) <= float(p99), result.stdout
+
+
+def test_grpc_floor_refuses_an_option_without_a_value() -> None:
+    command = [sys.executable, str(ROOT / "bench" / "grpc_floor.py"), "--option", "grpc.minimal_stack"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "'grpc.minimal_stack': expected NAME=VALUE" in result.stderr
