@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
@@ -116,6 +117,7 @@ def plugin(
     python_args: list[str] | None = None,
     extra_env: dict[str, str] | None = None,
     src: Path | None = None,
+    log_via: str = "file",
 ) -> Iterator[Running]:
     """One plugin process registered to a fresh simulator.
 
@@ -123,7 +125,12 @@ def plugin(
     `src` runs nvdp from another source tree (a baseline); `kind` is then that baseline's label.
     `kind=FLOOR` runs bench/floor_plugin.py with nvdp's environment; it reads no config.
     `python_args` replaces what follows the interpreter (nvdp's entry point, or the floor's).
+    `log_via`: the process's stdout and stderr go to the log file ("file"), through a pipe that a
+    `cat` process copies to the log file, as containerd's shim does ("pipe"), or to /dev/null
+    ("devnull": the log file stays empty).
     """
+    if log_via not in ("file", "pipe", "devnull"):
+        raise ValueError(f"log_via {log_via!r}: expected file, pipe or devnull")
     with tempfile.TemporaryDirectory(prefix="nvdp-bench-") as tmp:
         work = Path(tmp)
         plugin_dir = work / "device-plugins"
@@ -154,8 +161,15 @@ def plugin(
         env.update(extra_env or {})
         log_path = work / "plugin.log"
         with KubeletSim(plugin_dir) as kubelet, open(log_path, "wb") as log:
+            drain = None
+            output: Any = subprocess.DEVNULL if log_via == "devnull" else log
+            if log_via == "pipe":
+                drain = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=log)
+                output = drain.stdin
             started = time.monotonic()
-            process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT)
+            if drain is not None:
+                output.close()  # the plugin holds the pipe's write end; cat sees EOF when it exits
             try:
                 yield Running(kubelet, process, started, work, log_path, node)
             finally:
@@ -165,6 +179,8 @@ def plugin(
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait(5)
+                if drain is not None:
+                    drain.wait(5)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:

@@ -166,3 +166,23 @@ def test_grpc_floor_refuses_an_option_without_a_value() -> None:
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "'grpc.minimal_stack': expected NAME=VALUE" in result.stderr
+
+
+@pytest.mark.slow
+def test_allocate_line_runs_every_variant() -> None:
+    command = [sys.executable, str(ROOT / "bench" / "allocate_line.py"), "--rounds", "1", "--calls", "20"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = {line[:20].strip(): line[20:].split() for line in result.stdout.splitlines() if " ms " in line}
+    assert list(rows) == ["line written", "no line", "record + format", "message only", "fixed os.write",
+                          "line to /dev/null", "line to a pipe", "floor"], result.stdout
+    for p50, _unit, p99, _unit2, ratio, _round in rows.values():
+        assert 0 < float(p50) <= float(p99) and float(ratio) > 0, result.stdout
+    assert rows["floor"][4] == "1.00"
+
+
+def test_bench_plugin_refuses_an_unknown_log_destination() -> None:
+    bench = _bench_module()
+    with pytest.raises(ValueError, match="log_via 'socket': expected file, pipe or devnull"), \
+            bench.plugin("t4", log_via="socket"):
+        pass
