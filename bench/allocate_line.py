@@ -35,7 +35,7 @@ from plugin_bench import (  # noqa: E402
     RESOURCE,
     UPSTREAM_DIR,
     allocate_latencies,
-    load_average,
+    interleaved,
     percentile,
     plugin,
     unpack_upstream,
@@ -102,13 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=1000)
     args = parser.parse_args(argv)
     upstream = unpack_upstream() if (UPSTREAM_DIR / "setup.sh").is_file() else None
-    results: dict[str, list[tuple[float, float]]] = {label: [] for label in VARIANTS}
-    loads = [load_average()]
-    for round_no in range(args.rounds):
-        order = list(VARIANTS) if round_no % 2 == 0 else list(reversed(VARIANTS))
-        for label in order:
-            results[label].append(measure(label, upstream, args.calls))
-        loads.append(load_average())
+    results, loads = interleaved(list(VARIANTS), args.rounds,
+                                 lambda label: measure(label, upstream, args.calls))
     nvml = "NVIDIA's mock NVML (8x A100)" if upstream is not None else "the stand-in NVML (a100-sxm-8)"
     print(f"{args.rounds} interleaved rounds x {args.calls} sequential Allocate, {nvml}, medians")
     print(f"load average (1/5/15 min) before and after each round: {' | '.join(loads)}\n")

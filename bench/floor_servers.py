@@ -24,7 +24,7 @@ from plugin_bench import (  # noqa: E402
     RESOURCE,
     UPSTREAM_DIR,
     allocate_latencies,
-    load_average,
+    interleaved,
     percentile,
     plugin,
     proc_status_mib,
@@ -62,12 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The mock is a library: unlike NVIDIA's plugin it needs no root, only ../shared/upstream.
     upstream = unpack_upstream() if (UPSTREAM_DIR / "setup.sh").is_file() else None
-    results: dict[str, list[dict[str, float]]] = {s: [] for s in SERVERS}
-    loads = [load_average()]
-    for round_no in range(args.rounds):
-        for server in SERVERS if round_no % 2 == 0 else tuple(reversed(SERVERS)):
-            results[server].append(measure(server, upstream, args.calls))
-        loads.append(load_average())
+    results, loads = interleaved(SERVERS, args.rounds, lambda server: measure(server, upstream, args.calls))
     library = "NVIDIA's mock NVML" if upstream is not None else "the stand-in NVML"
     print(f"{args.rounds} rounds, medians; start, memory and Allocate on {library}, XID on the stand-in")
     print(f"load average: {' | '.join(loads)}")

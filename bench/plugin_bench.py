@@ -27,13 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from nvdp.kubelet_sim import KubeletSim  # noqa: E402
@@ -85,6 +86,21 @@ def percentile(values: list[float], p: float) -> float:
 
 def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def interleaved(
+    labels: Sequence[str], rounds: int, measure: Callable[[str], T]
+) -> tuple[dict[str, list[T]], list[str]]:
+    """Each round measures every label, in reverse order every other round, so that no label always
+    runs right after the same other one; returns what each label measured, round by round, and the
+    load average before the first round and after each."""
+    results: dict[str, list[T]] = {label: [] for label in labels}
+    loads = [load_average()]
+    for round_no in range(rounds):
+        for label in labels if round_no % 2 == 0 else list(reversed(labels)):
+            results[label].append(measure(label))
+        loads.append(load_average())
+    return results, loads
 
 
 # What the image's entry point (the `nvidia-device-plugin` console script) runs; `-m` would add runpy.

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent)]
 
-from plugin_bench import FLOOR, NVDP, RESOURCE, load_average, plugin  # noqa: E402
+from plugin_bench import FLOOR, NVDP, RESOURCE, interleaved, plugin  # noqa: E402
 
 _STAMPS = r"""
 import atexit, json, os, sys, time
@@ -134,13 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=7, help="XIDs per plugin per round (at most 8)")
     args = parser.parse_args(argv)
     kinds = (NVDP, FLOOR)
-    seen: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
-    loads = [load_average()]
     with tempfile.TemporaryDirectory(prefix="nvdp-xid-stages-") as tmp:
-        for round_no in range(args.rounds):
-            for kind in kinds if round_no % 2 == 0 else tuple(reversed(kinds)):
-                seen[kind] += one_plugin(kind, args.events, Path(tmp))
-            loads.append(load_average())
+        per_round, loads = interleaved(kinds, args.rounds,
+                                       lambda kind: one_plugin(kind, args.events, Path(tmp)))
+    seen = {kind: [event for events in rounds for event in events] for kind, rounds in per_round.items()}
     print(f"{args.rounds} rounds x {args.events} events, medians in ms; load average: {' | '.join(loads)}")
     print(f"{'stage':48} {'nvdp':>7} {'floor':>7} {'nvdp-floor':>10}")
     for title, start, stop in STAGES:
