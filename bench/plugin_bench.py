@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
-T = TypeVar("T")
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from nvdp.kubelet_sim import KubeletSim  # noqa: E402
@@ -86,6 +85,9 @@ def percentile(values: list[float], p: float) -> float:
 
 def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+T = TypeVar("T")
 
 
 def interleaved(

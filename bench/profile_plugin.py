@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src"), str(ROOT / "bench")]
 
-from plugin_bench import ENTRY_POINT, plugin, unpack_upstream, wait_until  # noqa: E402
+from plugin_bench import ENTRY_POINT, load_average, plugin, unpack_upstream, wait_until  # noqa: E402
 
 # Runs the plugin with tracemalloc on; SIGUSR1 writes the top allocation sites beside the socket folder.
 _TRACED_MAIN = """
@@ -94,8 +94,8 @@ def profile_phases(starts: int) -> None:
             stamps["registered"] = run.kubelet.registrations[0]["monotonic"]
         for label, start, end in _PHASES:
             samples[label].append((stamps[end] - stamps[start]) * 1000)
-    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    print(f"start-up stage by stage, NVIDIA's mock NVML (8x A100), medians of {starts} starts; load {load}\n")
+    print(f"start-up stage by stage, NVIDIA's mock NVML (8x A100), medians of {starts} starts; "
+          f"load {load_average()}\n")
     for label, _start, _end in _PHASES:
         values = samples[label]
         print(f"  {label:32} {statistics.median(values):7.1f} ms   ({min(values):.1f}-{max(values):.1f})")
