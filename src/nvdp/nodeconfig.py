@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
 
@@ -75,6 +75,22 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> NodeConfi
         label_name=getattr(args, "node_label", None) or env.get("NODE_LABEL") or NODE_CONFIG_LABEL,
         kubeconfig=getattr(args, "kubeconfig", None) or None,
     )
+
+
+def follow(args: argparse.Namespace, env: Mapping[str, str], on_change: Callable[[], None],
+           log: logging.Logger, **options: Any) -> NodeConfig | None:
+    """Start following label and entries in CONFIG_DIR mode; None with a single config file.
+
+    Raises SelectionError for settings that name no valid fallback strategy.
+    """
+    settings = settings_from(args, env)
+    if settings is None:
+        return None
+    if getattr(args, "config_file", None):
+        log.warning("--config-file is ignored: --config-dir (CONFIG_DIR) picks the config per node")
+    node_config = NodeConfig(settings, on_change, log, **options)
+    node_config.start()
+    return node_config
 
 
 class Chosen(Struct, frozen=True):

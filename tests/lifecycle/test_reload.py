@@ -7,8 +7,12 @@ import logging
 
 import pytest
 
+from nvdp.nodechoice import NodeConfigRule
+from nvdp.nodeconfig import Chosen
 from nvdp.plugin.guard import guarded_thread, on_fatal
-from nvdp.plugin.main import EXIT_FAILED, NvmlMissing, PluginProcess, Prepared, SignalInbox
+from nvdp.plugin.main import PluginProcess
+from nvdp.plugin.prepare import NvmlMissing, Prepared
+from nvdp.runloop import EXIT_FAILED, Inbox
 
 
 class Exploding(PluginProcess):
@@ -16,7 +20,7 @@ class Exploding(PluginProcess):
         super().__init__(argparse.Namespace(), {}, logging.getLogger("test.reload"))
         self.error = error
 
-    def prepare(self) -> Prepared:
+    def prepare(self, chosen: Chosen | None) -> Prepared:
         raise self.error
 
 
@@ -24,7 +28,8 @@ class Exploding(PluginProcess):
 def test_any_exception_during_reload_keeps_the_old_config(error: Exception,
                                                           caplog: pytest.LogCaptureFixture) -> None:
     process = Exploding(error)
-    process.reload()  # returns instead of raising into the signal loop
+    rule = NodeConfigRule(None, lambda *a, **k: None, process.log)
+    assert not rule.again(process.reload, forced=True)  # returns instead of raising into the loop
     failed = [r for r in caplog.records if r.getMessage().startswith("Reload failed unexpectedly")]
     assert len(failed) == 1
     assert failed[0].getMessage().endswith("still serving the previous configuration")
@@ -36,14 +41,14 @@ class WithoutGpus(PluginProcess):
     def __init__(self) -> None:
         super().__init__(argparse.Namespace(), {}, logging.getLogger("test.reload"))
 
-    def prepare(self) -> Prepared:
+    def prepare(self, chosen: Chosen | None) -> Prepared:
         missing = NvmlMissing("no NVML here")
         missing.fail = False  # keep running without GPUs, waiting for signals
         raise missing
 
 
 def test_a_dead_guarded_thread_makes_the_plugin_exit_1(caplog: pytest.LogCaptureFixture) -> None:
-    inbox = SignalInbox()
+    inbox = Inbox()
     on_fatal(inbox.post_fatal)
     try:
         def broken() -> None:
@@ -54,4 +59,4 @@ def test_a_dead_guarded_thread_makes_the_plugin_exit_1(caplog: pytest.LogCapture
     finally:
         on_fatal(None)
         inbox.close()
-    assert "Exiting so that the kubelet restarts the plugin (see the error above)" in caplog.messages
+    assert "Exiting so that the kubelet restarts this pod (see the error above)" in caplog.messages

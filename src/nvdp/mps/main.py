@@ -23,16 +23,13 @@ import argparse
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from types import FrameType
 
-from nvdp import __version__, recording
+from nvdp import __version__, recording, runloop
 from nvdp.endpoints import HttpEndpoints, Response, parse_address
 from nvdp.mps import hostmount, shm
 from nvdp.mps.commands import MpsConfigError, MpsSettings
@@ -40,7 +37,8 @@ from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeMod
 from nvdp.mps.daemons import Daemons, plan_mps
 from nvdp.mps.paths import ResourcePaths, container_root, shm_dir, unusable_root, unusable_root_message
 from nvdp.mps.supervisor import DEFAULT_PROBE_INTERVAL_S
-from nvdp.nodeconfig import Chosen, NodeConfig, add_node_config_arguments, settings_from
+from nvdp.nodeconfig import Chosen, NodeConfig, add_node_config_arguments, follow
+from nvdp.runloop import Inbox, Wake, Wakes
 
 PROG = "mps-control-daemon"
 PROBE_INTERVAL_ENV = "MPS_PROBE_INTERVAL"
@@ -215,40 +213,6 @@ def clean_up(settings: Sequence[MpsSettings], root: Path) -> None:
         log.info("%s", line)
 
 
-class Signals:
-    """SIGTERM/SIGINT/SIGQUIT ask to stop, SIGHUP to reload; both wake the main loop."""
-
-    def __init__(self) -> None:
-        self.wake = threading.Event()
-        self.stop = False
-        self.reload = False
-        self.node_config_changed = False
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-            signal.signal(sig, self._on_stop)
-        signal.signal(signal.SIGHUP, self._on_reload)
-
-    def _on_stop(self, signum: int, _frame: FrameType | None) -> None:
-        self.stop = True
-        self.wake.set()
-
-    def _on_reload(self, signum: int, _frame: FrameType | None) -> None:
-        self.reload = True
-        self.wake.set()
-
-    def on_node_config(self) -> None:
-        """Called from the per-node config threads: wake the loop like SIGHUP, but only re-choose."""
-        self.node_config_changed = True
-        self.wake.set()
-
-    def wait(self) -> None:
-        # Short waits so signal handlers run promptly on the main thread.
-        while not self.wake.wait(0.5):
-            pass
-        self.wake.clear()
-
-
 def load_settings(
     args: argparse.Namespace, chosen: Chosen | None = None,
 ) -> tuple[str, list[MpsSettings], Callable[[], ComputeModes]]:
@@ -280,17 +244,6 @@ def start_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, NvmlUnavailable, PlanError, MpsConfigError, ComputeModeError, SelectionError)
 
 
-def start_node_config(args: argparse.Namespace, signals: Signals) -> NodeConfig | None:
-    settings = settings_from(args, os.environ)
-    if settings is None:
-        return None
-    # The plugin records the Events for this node; the daemon only logs.
-    node_config = NodeConfig(settings, signals.on_node_config, log, record_events=False,
-                             component=PROG)
-    node_config.start()
-    return node_config
-
-
 def root_problem(root: Path, settings: Sequence[MpsSettings]) -> str | None:
     """Why no daemon could work under `root`, checked before any GPU's compute mode is touched."""
     for item in settings:
@@ -300,111 +253,110 @@ def root_problem(root: Path, settings: Sequence[MpsSettings]) -> str | None:
     return None
 
 
+class CannotStart(Exception):
+    """The daemons cannot run on this node whatever the config (the MPS root, a compute mode)."""
+
+
+class MpsDaemonProcess:
+    """Puts the chosen config's daemons in force (the `switch` of nvdp.nodechoice) and stops them."""
+
+    def __init__(self, args: argparse.Namespace, root: Path, probe_interval: float) -> None:
+        self.args = args
+        self.root = root
+        self.probe_interval = probe_interval
+        self.current: Daemons | None = None
+
+    def switch(self, chosen: Chosen | None) -> None:
+        from nvdp.nodechoice import ConfigRefused
+
+        if chosen is not None:
+            log.info("per-node config: %s", chosen.describe())
+        try:
+            source, settings, modes_factory = load_settings(self.args, chosen)
+        except start_errors() as err:
+            raise ConfigRefused(str(err)) from None
+        unusable = root_problem(self.root, settings)
+        if unusable is not None and self.current is None:
+            # Exit so the pod shows the failure (CrashLoopBackOff) instead of looking Running.
+            raise CannotStart(unusable)
+        if self.current is not None:
+            log.info("reloading: stopping the running MPS daemons")
+            self.current.stop()
+        log.info("config: %s", source)
+        self.current = Daemons(settings, self.root, modes_factory, log, self.probe_interval)
+        if not settings:
+            log.info("no resource is shared with MPS in %s; nothing to do", source)
+        for item in settings:
+            log.info("resource %s", item.describe())
+        try:
+            self.current.start()
+        except ComputeModeError as err:
+            raise CannotStart(str(err)) from None
+
+    def stop(self) -> int:
+        """The final stop: daemons down, compute modes back to DEFAULT, host state cleaned up."""
+        log.info("stopping")
+        stopping, self.current = self.current, None
+        restored = stopping.stop() if stopping is not None else True
+        if stopping is not None:
+            clean_up(stopping.settings, self.root)
+        if not restored:
+            log.error("stopped, but a GPU's compute mode could not be restored to DEFAULT (see above)")
+            return 1
+        return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    signals = Signals()
-    signals.install()
-    root = container_root()
+    from nvdp.config.select import SelectionError
+    from nvdp.nodechoice import ConfigRefused, NodeConfigRule
+
+    inbox = Inbox()
     probe_interval = env_seconds(PROBE_INTERVAL_ENV, DEFAULT_PROBE_INTERVAL_S)
-    errors = start_errors()
+    process = MpsDaemonProcess(args, container_root(), probe_interval)
     log.info("%s %s", PROG, __version__)
     metrics: HttpEndpoints | None = None
-    if args.metrics_address:
-        try:
-            metrics = start_metrics(args.metrics_address)
-        except OSError as err:
-            log.error("cannot listen on %s: %s; choose another --metrics-address", args.metrics_address,
-                      err.strerror or err)
-            return 1
-    current: Daemons | None = None
-    chosen: Chosen | None = None
+    node_config: NodeConfig | None = None
     try:
-        node_config = start_node_config(args, signals)
-    except errors as err:
-        log.error("cannot start: %s", err)
-        return 1
-    try:
-        while True:
+        if args.metrics_address:
             try:
-                candidate = None
-                if node_config is not None:
-                    candidate = node_config.choose(lenient=current is None)
-                    log.info("per-node config: %s", candidate.describe())
-                try:
-                    source, settings, modes_factory = load_settings(args, candidate)
-                except errors:
-                    if node_config is None or candidate is None or current is not None \
-                            or candidate.selection.reason != "label":
-                        raise
-                    # At start-up an invalid labelled entry must not keep MPS down for the default.
-                    log.error("per-node config %s is invalid; starting without the label",
-                              candidate.describe())
-                    candidate = node_config.without_label()
-                    source, settings, modes_factory = load_settings(args, candidate)
-                chosen = candidate
-            except errors as err:
-                if current is None:
-                    log.error("cannot start: %s", err)
-                    return 1
-                log.error("config not reloaded, the running daemons stay as they are: %s", err)
-            else:
-                unusable = root_problem(root, settings)
-                if unusable is not None and current is None:
-                    # Exit so the pod shows the failure (CrashLoopBackOff) instead of looking Running.
-                    log.error("cannot start: %s", unusable)
-                    return 1
-                if current is not None:
-                    log.info("reloading: stopping the running MPS daemons")
-                    current.stop()
-                log.info("config: %s", source)
-                current = Daemons(settings, root, modes_factory, log, probe_interval)
-                if not settings:
-                    log.info("no resource is shared with MPS in %s; nothing to do", source)
-                for item in settings:
-                    log.info("resource %s", item.describe())
-                try:
-                    current.start()
-                except ComputeModeError as err:
-                    log.error("cannot start: %s", err)
-                    return 1
-            signals.wait()
-            while node_config is not None and signals.node_config_changed and not signals.reload \
-                    and not signals.stop:
-                signals.node_config_changed = False
-                if not changed_choice(node_config, chosen):
-                    signals.wait()
-            signals.node_config_changed = False
-            if signals.stop:
-                log.info("stopping")
-                stopping, current = current, None
-                restored = stopping.stop() if stopping is not None else True
-                if stopping is not None:
-                    clean_up(stopping.settings, root)
-                if not restored:
-                    log.error(
-                        "stopped, but a GPU's compute mode could not be restored to DEFAULT (see above)"
-                    )
-                    return 1
-                return 0
-            signals.reload = False
+                metrics = start_metrics(args.metrics_address)
+            except OSError as err:
+                log.error("cannot listen on %s: %s; choose another --metrics-address", args.metrics_address,
+                          err.strerror or err)
+                return 1
+        try:
+            # The plugin records the Events for this node; the daemon only logs.
+            node_config = follow(args, os.environ, lambda: inbox.post(Wake.NODE_CONFIG), log,
+                                 record_events=False, component=PROG)
+            rule = NodeConfigRule(node_config, node_config.report if node_config else _log_only, log)
+            rule.start(process.switch)
+        except (ConfigRefused, SelectionError, CannotStart) as err:
+            log.error("cannot start: %s", err)
+            return 1
+
+        def on_wake(wakes: Wakes) -> int | None:
+            try:
+                if Wake.RELOAD in wakes or Wake.NODE_CONFIG in wakes:
+                    rule.again(process.switch, forced=Wake.RELOAD in wakes)
+            except CannotStart as err:
+                log.error("cannot start: %s", err)
+                return 1
+            return None
+
+        code = runloop.run(inbox, on_wake, log)
+        return process.stop() if code == 0 else code
     finally:
+        inbox.close()
         if node_config is not None:
             node_config.stop()
-        if current is not None:
-            current.stop()
+        if process.current is not None:
+            process.current.stop()
         if metrics is not None:
             metrics.stop()
 
 
-def changed_choice(node_config: NodeConfig, chosen: Chosen | None) -> bool:
-    """Whether the node's entry (or its content) differs from the one the daemons run with."""
-    from nvdp.config.select import SelectionError
-
-    try:
-        candidate = node_config.choose()
-    except SelectionError as err:
-        log.warning("per-node config not changed, the running daemons stay as they are: %s", err)
-        return False
-    return candidate != chosen
+def _log_only(reason: str, message: str, *, warning: bool = True) -> None:
+    (log.warning if warning else log.info)("%s: %s", reason, message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,121 @@
+"""The one per-node config rule, for the plugin, the MPS control daemon and GPU feature discovery.
+
+Which entry a node runs is NVIDIA's config-manager order (`nvdp.config.select`). What a daemon does
+when that entry cannot be used is this module's job, the same for all three:
+
+- at start (nothing runs yet) be lenient: a label naming an entry that does not exist, or one that
+  does not load, is reported and the daemon starts on the entry it gets without the label
+  (`config.default`, then the fallbacks) rather than not at all;
+- later, an entry that cannot be chosen or does not load is reported and the running one stays;
+- a rejected entry is remembered, so it is not tried (and reported) again until the label, the
+  entry's content or a SIGHUP says to;
+- an applied switch to another entry, or to new content of the same one, is reported too.
+
+The daemon supplies one callable, `switch(chosen)`, which loads the entry and puts it in force, or
+raises `ConfigRefused` (with the cause and the fix) leaving what runs untouched. Without a
+config directory (a single config file) `chosen` is None and only SIGHUP switches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from nvdp.config.select import SelectionError, UnknownEntry
+from nvdp.nodeconfig import Chosen, NodeConfig
+
+
+class ConfigRefused(Exception):
+    """The entry cannot be put in force; the message says why and what to change."""
+
+
+class Report(Protocol):
+    def __call__(self, reason: str, message: str, *, warning: bool = True) -> None: ...
+
+
+Switch = Callable[[Chosen | None], None]
+
+
+class NodeConfigRule:
+    """The entry in force and the one rejected last; `start` once, then `again` on each wake-up."""
+
+    def __init__(self, node_config: NodeConfig | None, report: Report, log: logging.Logger) -> None:
+        self.node_config = node_config
+        self._report = report
+        self._log = log
+        self.current: Chosen | None = None
+        self.rejected: Chosen | None = None
+
+    def describe(self) -> str:
+        return self.current.describe() if self.current is not None else "the config file"
+
+    @property
+    def entry(self) -> str:
+        """The entry in force ("" with a single config file)."""
+        return (self.current.entry or "") if self.current is not None else ""
+
+    def start(self, switch: Switch) -> None:
+        """Put the first config in force; raises ConfigRefused or SelectionError when none can be."""
+        node_config = self.node_config
+        if node_config is None:
+            switch(None)
+            return
+        chosen = node_config.choose(lenient=True)
+        try:
+            switch(chosen)
+        except ConfigRefused as err:
+            if chosen.selection.reason != "label":
+                raise
+            try:
+                fallback = node_config.without_label()
+            except (SelectionError, OSError):
+                raise err from None
+            self._report("InvalidConfig", f"config entry {chosen.entry!r} chosen by the node label is "
+                         f"invalid; starting with {fallback.describe()} instead:\n{err}")
+            self.rejected = chosen
+            switch(fallback)
+            chosen = fallback
+        self.current = chosen
+
+    def again(self, switch: Switch, *, forced: bool) -> bool:
+        """Choose again after a wake-up (`forced`: SIGHUP, reload even if nothing changed).
+
+        Returns whether a new config was put in force.
+        """
+        node_config = self.node_config
+        if node_config is None:
+            if forced:
+                return self._try(switch, None)
+            return False
+        try:
+            chosen = node_config.choose()
+        except SelectionError as err:
+            reason = "UnknownConfig" if isinstance(err, UnknownEntry) else "ConfigSelectionFailed"
+            self._report(reason, f"{err}; still serving {self.describe()}")
+            return self._try(switch, self.current) if forced else False
+        if not forced and chosen in (self.current, self.rejected):
+            return False  # unchanged, or already tried and reported: wait for the label or the entry
+        return self._try(switch, chosen)
+
+    def _try(self, switch: Switch, chosen: Chosen | None) -> bool:
+        previous = self.current
+        try:
+            switch(chosen)
+        except ConfigRefused as err:
+            self._log.error("Reload failed; still serving the previous configuration.\n%s", err)
+            if chosen is None:
+                return False
+            if chosen != previous:
+                self.rejected = chosen
+            self._report("InvalidConfig", f"config {chosen.describe()} was not applied; still serving "
+                         f"{self.describe()}:\n{err}")
+            return False
+        self.current, self.rejected = chosen, None
+        moved = chosen is not None and previous is not None and (chosen.entry, chosen.digest) != (
+            previous.entry, previous.digest)
+        if moved:
+            assert chosen is not None and previous is not None
+            self._report("ConfigApplied", f"now serving {chosen.describe()}, "
+                         f"previously {previous.describe()}", warning=False)
+        return True

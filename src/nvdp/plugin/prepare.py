@@ -1,0 +1,85 @@
+"""What the plugin will serve, prepared before anything running is touched: config, GPUs, plan.
+
+`prepare` runs the first three stages of the data flow (config + flags -> Config, NVML -> Inventory,
+Config + Inventory -> Plan) and the serving-side check that each planned device list fits the
+kubelet's message limit. It changes nothing: a reload that fails here leaves the running resources
+as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+
+from msgspec import Struct
+
+from nvdp.config.model import Config
+from nvdp.inventory.model import Inventory
+from nvdp.plan.model import Plan
+
+
+class StartupError(Exception):
+    """Why the plugin cannot serve with this config on this node; the message has the fix."""
+
+
+class NvmlMissing(Exception):
+    """NVML could not be initialised; `fail` says whether the config wants the plugin to exit."""
+
+    fail = True
+
+
+class Prepared(Struct, frozen=True):
+    config: Config
+    inventory: Inventory
+    plan: Plan
+
+
+def load_config(args: argparse.Namespace, env: Mapping[str, str], entry: Path | None,
+                per_node: bool) -> Config:
+    """The config from flags, env and a file: `entry` in per-node mode (never CONFIG_FILE), else
+    CONFIG_FILE."""
+    from nvdp.config.flags import overrides_from_args
+    from nvdp.config.loader import ConfigError
+    from nvdp.config.loader import load_config as load
+
+    path = args.config_file
+    if per_node:
+        path = str(entry) if entry is not None else None
+        env = {k: v for k, v in env.items() if k != "CONFIG_FILE"}
+    try:
+        return load(path, env, overrides_from_args(args))
+    except ConfigError as err:
+        raise StartupError(str(err)) from None
+
+
+def discover(config: Config) -> Inventory:
+    from nvdp.inventory.nvml import NvmlUnavailable
+    from nvdp.inventory.nvml import discover as read_gpus
+
+    try:
+        return read_gpus(config.flags.nvidia_driver_root, config.flags.plugin.container_driver_root)
+    except NvmlUnavailable as err:
+        missing = NvmlMissing(str(err))
+        missing.fail = config.flags.fail_on_init_error
+        raise missing from None
+
+
+def make_plan(config: Config, inventory: Inventory) -> Plan:
+    from nvdp.plan import PlanError, plan
+    from nvdp.plugin.server import oversized
+
+    try:
+        planned = plan(config, inventory)
+    except PlanError as err:
+        raise StartupError(f"the configuration cannot be applied to this node's GPUs: {err}") from None
+    too_big = [reason for reason in map(oversized, planned.resources) if reason]
+    if too_big:
+        raise StartupError("the configuration cannot be served on this node: " + "; ".join(too_big))
+    return planned
+
+
+def prepare(config: Config) -> Prepared:
+    """GPUs and plan for a loaded config; raises StartupError or NvmlMissing."""
+    inventory = discover(config)
+    return Prepared(config, inventory, make_plan(config, inventory))
