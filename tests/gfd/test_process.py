@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from nvdp.gfd.host import gpu_mode, machine_type, nvidia_gpus_present
-from nvdp.gfd.main import Discovery, Wakeup, load
+from nvdp.gfd.main import Discovery, load
 from nvdp.gfd.options import parse_duration, parse_options
 from nvdp.gfd.output import read_features_file, render, write_features_file
 from nvdp.gfd.publish import FileOutput
 from nvdp.inventory.model import Inventory
 from nvdp.inventory.profile import load_profile
+from nvdp.runloop import Wake, Wakes
 from sim.nvml import NodeSim, build_library
 
 PROFILES = Path(__file__).resolve().parents[2] / "sim" / "profiles"
@@ -210,7 +211,7 @@ class _Clock:
         return self.t
 
 
-def test_loop_reloads_on_sighup_and_reads_nvml_every_interval(tmp_path: Path) -> None:
+def test_loop_reads_nvml_every_interval_and_again_after_a_new_config(tmp_path: Path) -> None:
     t4 = load_profile(PROFILES / "t4.yaml")
     config_file = tmp_path / "c.yaml"
     config_file.write_text("version: v1\n")
@@ -222,30 +223,59 @@ def test_loop_reloads_on_sighup_and_reads_nvml_every_interval(tmp_path: Path) ->
         return t4
 
     output = FileOutput(str(tmp_path / "gfd"))
-    wake = Wakeup()
     clock = _Clock()
-    d = Discovery(
-        opts, load(opts, {}), output, wake, discover=discover, reload=lambda: load(opts, {}), clock=clock
-    )
-    waits: list[float] = []
-
-    def fake_wait(timeout: float) -> None:
-        waits.append(timeout)
-        if len(waits) == 1:
-            clock.t += 60  # the interval passes: NVML is read again, nothing changes
-        elif len(waits) == 2:
-            config_file.write_text(MPS_10)
-            wake.reload = True  # SIGHUP
-        else:
-            wake.stop = True
-
-    wake.wait = fake_wait  # type: ignore[method-assign]
-    assert d.run() == 0
-    assert waits[0] == 60
+    d = Discovery(opts, load(opts, {}), output, discover=discover, clock=clock, wall_clock=clock)
+    assert d.step() is None
+    assert d.timeout() == 60
+    clock.t += 30
+    assert d.step(Wakes(frozenset({Wake.LABELS}))) is None  # a wake-up before the interval: no NVML read
+    assert len(reads) == 1 and d.timeout() == 30
+    clock.t += 30
+    assert d.step(Wakes()) is None  # the interval passed: NVML is read again, nothing changes
+    assert len(reads) == 2
+    config_file.write_text(MPS_10)
+    d.use(load(opts, {}))  # what the per-node rule's switch does with a new config
+    assert d.step(Wakes(frozenset({Wake.RELOAD}))) is None
     labels = read_features_file(output.path)
     assert labels[N + "mps.capable"] == "true"
     assert labels[N + "gfd.timestamp"] == str(int(clock.t))
-    assert len(reads) == 3  # start, after the interval, after the reload
+    assert len(reads) == 3  # start, after the interval, after the new config
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_wait_for_an_unreachable_api_server(nvml: Path, tmp_path: Path) -> None:
+    """Waiting for the Node's labels from an API server that accepts and never answers: SIGTERM exits."""
+    import socket
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)
+    port = hung.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        f"apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n")
+    with NodeSim("t4", tmp_path / "state") as node:
+        env = gfd_env(node, {"NODE_NAME": "n1", "KUBECONFIG": str(kubeconfig)})
+        proc = subprocess.Popen([sys.executable, "-m", "nvdp.gfd.main", "--kubeconfig", str(kubeconfig)],
+                                env=env, stderr=subprocess.PIPE, text=True)
+        err = _terminate_after_start(proc, hung)
+    assert proc.returncode == 0, err
+    assert "Received signal SIGTERM, shutting down." in err
+
+
+def _terminate_after_start(proc: subprocess.Popen[str], hung: object) -> str:
+    try:
+        time.sleep(8)  # past every start-up wait of a few seconds; now in the wait for the Node's labels
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=12)  # the kubelet's grace period is 30 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        hung.close()  # type: ignore[attr-defined]
+    return err
 
 
 @pytest.mark.slow

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import FrameType
 
+from nvdp import runloop
 from nvdp.config.loader import ConfigError, load_config
 from nvdp.config.model import Config
 from nvdp.config.select import SelectionError
@@ -31,46 +30,15 @@ from nvdp.gfd.labels import HostFacts, LabelError
 from nvdp.gfd.options import GFD_ENV_VARS, ProcessOptions, parse_duration, parse_options
 from nvdp.gfd.publish import FileOutput, NodeFeatureOutput, NodeOutput, Output
 from nvdp.inventory.model import Inventory
-from nvdp.nodeconfig import NodeConfig
+from nvdp.nodeconfig import Chosen, NodeConfig
+from nvdp.runloop import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Inbox, Wake, Wakes
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 FIRST_READ_TIMEOUT_S = 60.0
 MIN_INTERVAL_S = 1.0
 RETRY_S = (1.0, 60.0)  # back-off of failed publishes: first, most
 
 log = logging.getLogger("nvdp.gfd")
-
-
-class Wakeup:
-    """What the main loop waits for: a deadline, a Node label change, a signal."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.stop = False
-        self.reload = False
-
-    def set(self) -> None:
-        self._event.set()
-
-    def wait(self, timeout: float) -> None:
-        self._event.wait(None if math.isinf(timeout) else max(timeout, 0.0))
-        self._event.clear()
-
-    def install_signals(self) -> None:
-        def on_stop(signum: int, frame: FrameType | None) -> None:
-            log.info("Received signal %s, shutting down.", signal.Signals(signum).name)
-            self.stop = True
-            self.set()
-
-        def on_hup(signum: int, frame: FrameType | None) -> None:
-            log.info("Received SIGHUP, reloading the config.")
-            self.reload = True
-            self.set()
-
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-            signal.signal(signum, on_stop)
-        signal.signal(signal.SIGHUP, on_hup)
 
 
 def load(opts: ProcessOptions, env: Mapping[str, str]) -> Config:
@@ -84,35 +52,47 @@ def discover_gpus(config: Config) -> Inventory:
 
 
 class Discovery:
-    """The labelling loop; its edges (NVML, clock, output) are injectable for tests."""
+    """One labelling pass per wake-up or interval; its edges (NVML, clock, output) are injectable for tests.
+
+    `step` is the run loop's step (nvdp.runloop); `timeout` says when the next pass is due.
+    """
 
     def __init__(
         self,
         opts: ProcessOptions,
         config: Config,
         output: Output,
-        wake: Wakeup,
         discover: Callable[[Config], Inventory] = discover_gpus,
-        reload: Callable[[], Config] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         first_labels: threading.Event | None = None,
         report: Callable[[str, str], None] | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.opts = opts
         self.config = config
         self.output = output
-        self.wake = wake
         self._discover = discover
-        self._reload = reload
         self._clock = clock
+        self._wall_clock = wall_clock
         self._first_labels = first_labels
         self._report = report  # an Event on the Node, where the per-node config records them
         self._last_error: str | None = None
+        self._started = clock()
+        self._waiting_warned = False
+        self._next_read = 0.0
+        self._retry = RETRY_S[0]
+        self._delay: float = 0.0
+        self.inventory: Inventory | None = None
         self.passes = 0
 
     @property
     def interval_s(self) -> float:
         return max(parse_duration(self.config.flags.gfd.sleep_interval), MIN_INTERVAL_S)
+
+    def use(self, config: Config) -> None:
+        """A new config: read the GPUs again on the next pass."""
+        self.config = config
+        self._next_read = 0.0
 
     def host_facts(self, inventory: Inventory) -> HostFacts:
         return HostFacts(machine_type(self.config.flags.gfd.machine_type_file),
@@ -140,55 +120,48 @@ class Discovery:
                 if self._report is not None:
                     self._report("InvalidConfig", f"gpu-feature-discovery: {message}")
             self._last_error = result.plan_error
-        now = None if self.config.flags.gfd.no_timestamp else int(self._clock())
+        now = None if self.config.flags.gfd.no_timestamp else int(self._wall_clock())
         changes = self.output.publish(result.labels, now)
         self.passes += 1
         if changes:
             shown = ", ".join(f"{k}={v}" if v is not None else f"-{k}" for k, v in sorted(changes.items()))
             log.info("labels changed: %s", shown)
 
-    def run(self) -> int:
-        inventory: Inventory | None = None
-        next_read = 0.0
-        retry = RETRY_S[0]
-        while not self.wake.stop:
-            if self.wake.reload and self._reload is not None:
-                self.wake.reload = False
-                try:
-                    self.config = self._reload()
-                    next_read = 0.0
-                except (ConfigError, SelectionError) as e:
-                    log.error("the new config is invalid; keeping the previous one:\n%s", e)
-            now = self._clock()
-            if now >= next_read:
-                inventory = self.read_gpus()
-                next_read = now + self.interval_s
-            if self._first_labels is not None and not self._first_labels.is_set():
-                if not self._first_labels.wait(FIRST_READ_TIMEOUT_S):
-                    log.warning(
-                        "node %s: its labels could not be read yet; still trying", self.opts.node_name
-                    )
-                    if self.config.flags.gfd.oneshot:
-                        return EXIT_FAILED
-                continue
-            delay = next_read - self._clock()
-            if inventory is not None:
-                try:
-                    self.label_once(inventory)
-                    retry = RETRY_S[0]
-                except LabelError as e:
-                    log.error("cannot label this node: %s", e)
-                except Exception as e:  # an API or file failure: keep going, try again soon
-                    if self.config.flags.gfd.oneshot:
-                        log.error("publishing the labels failed: %s", e)
-                        return EXIT_FAILED
-                    log.warning("publishing the labels failed (%s); retrying in %.0f s", e, retry)
-                    delay = min(delay, retry)
-                    retry = min(retry * 2, RETRY_S[1])
-            if self.config.flags.gfd.oneshot:
-                return EXIT_OK
-            self.wake.wait(delay)
-        return EXIT_OK
+    def timeout(self) -> float:
+        return self._delay
+
+    def step(self, wakes: Wakes | None = None) -> int | None:
+        """One pass: read NVML when due, label, and say when to come back; an exit code ends the loop."""
+        oneshot = self.config.flags.gfd.oneshot
+        now = self._clock()
+        if now >= self._next_read:
+            self.inventory = self.read_gpus()
+            self._next_read = now + self.interval_s
+        if self._first_labels is not None and not self._first_labels.is_set():
+            # Nothing to compare with yet: come back when the labels arrive (Wake.LABELS) or soon.
+            waited = self._clock() - self._started
+            if waited >= FIRST_READ_TIMEOUT_S and not self._waiting_warned:
+                log.warning("node %s: its labels could not be read yet; still trying", self.opts.node_name)
+                self._waiting_warned = True
+                if oneshot:
+                    return EXIT_FAILED
+            self._delay = 1.0
+            return None
+        self._delay = self._next_read - self._clock()
+        if self.inventory is not None:
+            try:
+                self.label_once(self.inventory)
+                self._retry = RETRY_S[0]
+            except LabelError as e:
+                log.error("cannot label this node: %s", e)
+            except Exception as e:  # an API or file failure: keep going, try again soon
+                if oneshot:
+                    log.error("publishing the labels failed: %s", e)
+                    return EXIT_FAILED
+                log.warning("publishing the labels failed (%s); retrying in %.0f s", e, self._retry)
+                self._delay = min(self._delay, self._retry)
+                self._retry = min(self._retry * 2, RETRY_S[1])
+        return EXIT_OK if oneshot else None
 
 
 def make_output(opts: ProcessOptions, config: Config) -> Output:
@@ -220,34 +193,39 @@ def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
 
 
-class ConfigSource:
-    """Where the config comes from: one file (CONFIG_FILE), or this node's entry of CONFIG_DIR chosen by
-    its `nvidia.com/device-plugin.config` label, exactly as the plugin chooses it."""
+class ConfigLoader:
+    """The `switch` of nvdp.nodechoice for the labeller: load the chosen entry (or the config file)."""
 
-    def __init__(self, opts: ProcessOptions, env: Mapping[str, str], node_config: NodeConfig | None) -> None:
+    def __init__(self, opts: ProcessOptions, env: Mapping[str, str]) -> None:
         self.opts = opts
         self.env = env
-        self.node_config = node_config
+        self.config: Config | None = None
+        self.discovery: Discovery | None = None
 
-    def load(self, *, initial: bool = False) -> Config:
-        if self.node_config is None:
-            return load(self.opts, self.env)
+    def switch(self, chosen: Chosen | None) -> None:
+        from nvdp.nodechoice import ConfigRefused
+
         try:
-            chosen = self.node_config.choose(lenient=initial)
-            path = str(chosen.path) if chosen.path is not None else None
-            config = load_config(path, self.env, self.opts.overrides, env_vars=GFD_ENV_VARS)
-        except (SelectionError, ConfigError) as e:
-            self.node_config.report("InvalidConfig", f"gpu-feature-discovery: {e}")
-            raise
-        log.info("labelling with %s", chosen.describe())
-        return config
+            if self.opts.node_config is None:
+                config = load(self.opts, self.env)
+            else:
+                assert chosen is not None
+                path = str(chosen.path) if chosen.path is not None else None
+                config = load_config(path, self.env, self.opts.overrides, env_vars=GFD_ENV_VARS)
+        except ConfigError as e:
+            raise ConfigRefused(str(e)) from None
+        if chosen is not None:
+            log.info("labelling with %s", chosen.describe())
+        self.config = config
+        if self.discovery is not None:
+            self.discovery.use(config)
 
 
 def run(opts: ProcessOptions, env: Mapping[str, str]) -> int:
     from nvdp.inventory.nvml import NvmlUnavailable
+    from nvdp.nodechoice import ConfigRefused, NodeConfigRule
 
-    wake = Wakeup()
-    wake.install_signals()
+    inbox = Inbox()
     labels_seen = threading.Event()
     outputs: list[NodeOutput] = []
     latest: dict[str, Mapping[str, str]] = {}
@@ -257,24 +235,22 @@ def run(opts: ProcessOptions, env: Mapping[str, str]) -> int:
         for out in outputs:
             out.set_current(labels)
         labels_seen.set()
-        wake.set()
-
-    def on_config_change() -> None:
-        wake.reload = True
-        wake.set()
+        inbox.post(Wake.LABELS)
 
     node_config = None
-    if opts.node_config is not None:
-        node_config = NodeConfig(opts.node_config, on_config_change, log, component="gpu-feature-discovery",
-                                 on_labels=on_labels)  # fmt: skip
-        node_config.start()
-    source = ConfigSource(opts, env, node_config)
     watcher = None
+    loader = ConfigLoader(opts, env)
     try:
+        if opts.node_config is not None:
+            node_config = NodeConfig(opts.node_config, lambda: inbox.post(Wake.NODE_CONFIG), log,
+                                     component="gpu-feature-discovery", on_labels=on_labels)  # fmt: skip
+            node_config.start()
+        rule = NodeConfigRule(node_config, node_config.report if node_config is not None else _log_only, log)
         try:
-            config = source.load(initial=True)
-            output = make_output(opts, config)
-        except (ConfigError, SelectionError) as e:
+            rule.start(loader.switch)
+            assert loader.config is not None
+            output = make_output(opts, loader.config)
+        except (ConfigRefused, SelectionError) as e:
             log.error("invalid configuration:\n%s", e)
             return EXIT_FAILED
         except StartupError as e:
@@ -289,14 +265,21 @@ def run(opts: ProcessOptions, env: Mapping[str, str]) -> int:
 
                 watcher = NodeWatcher(connect(opts.kubeconfig), opts.node_name, lambda n: on_labels(n.labels))
                 watcher.start()
-        discovery = Discovery(opts, config, output, wake, reload=source.load,
-                              first_labels=labels_seen if outputs else None,
+        discovery = Discovery(opts, loader.config, output, first_labels=labels_seen if outputs else None,
                               report=node_config.report if node_config is not None else None)  # fmt: skip
+        loader.discovery = discovery
         log.info("Running with config from %s (migStrategy %s, sleepInterval %s, output %s)",
-                 config.source, config.flags.mig_strategy, config.flags.gfd.sleep_interval,
-                 type(output).__name__)  # fmt: skip
+                 loader.config.source, loader.config.flags.mig_strategy,
+                 loader.config.flags.gfd.sleep_interval, type(output).__name__)  # fmt: skip
+
+        def step(wakes: Wakes) -> int | None:
+            if Wake.RELOAD in wakes or Wake.NODE_CONFIG in wakes:
+                rule.again(loader.switch, forced=Wake.RELOAD in wakes)
+            return discovery.step(wakes)
+
         try:
-            return discovery.run()
+            first = discovery.step()
+            return first if first is not None else runloop.run(inbox, step, log, discovery.timeout)
         except NvmlUnavailable as e:
             log.error("%s", e)
             return EXIT_FAILED
@@ -304,10 +287,15 @@ def run(opts: ProcessOptions, env: Mapping[str, str]) -> int:
             keep = discovery.config.flags.gfd.oneshot or math.isinf(discovery.interval_s)
             output.close(keep)
     finally:
+        inbox.close()
         if watcher is not None:
             watcher.stop()
         if node_config is not None:
             node_config.stop()
+
+
+def _log_only(reason: str, message: str, *, warning: bool = True) -> None:
+    (log.warning if warning else log.info)("%s: %s", reason, message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
