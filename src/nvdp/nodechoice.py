@@ -60,6 +60,7 @@ class NodeConfigRule:
         node_config = self.node_config
         if node_config is None:
             switch(None)
+            self._log.info("Config in force: %s", self.describe())
             return
         chosen = node_config.choose(lenient=True)
         try:
@@ -77,6 +78,7 @@ class NodeConfigRule:
             switch(fallback)
             chosen = fallback
         self.current = chosen
+        self._log.info("Config in force: %s", self.describe())
 
     def again(self, switch: Switch, *, forced: bool) -> bool:
         """Choose again after a wake-up (`forced`: SIGHUP, reload even if nothing changed).
@@ -112,6 +114,7 @@ class NodeConfigRule:
                          f"{self.describe()}:\n{err}")
             return False
         self.current, self.rejected = chosen, None
+        self._log.info("Config in force: %s", self.describe())
         moved = chosen is not None and previous is not None and (chosen.entry, chosen.digest) != (
             previous.entry, previous.digest)
         if moved:
