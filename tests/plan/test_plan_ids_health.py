@@ -1,36 +1,36 @@
-"""container_device_ids for Allocate, and Plan.with_unhealthy."""
+"""The IDs a container is given (device_container_ids), and Plan.with_unhealthy."""
 
 from __future__ import annotations
 
-import pytest
 from plan_factories import config, entry, gpu, gpu_uuid, inventory, mig_uuid
 
-from nvdp.plan import UnknownDeviceError, container_device_ids, plan
+from nvdp.config.model import DeviceIdStrategy
+from nvdp.plan import PlannedResource, plan
+from nvdp.plan.ids import device_container_ids
 
 H100 = "NVIDIA H100 80GB HBM3"
+
+
+def container_ids(resource: PlannedResource, ids: list[str], strategy: DeviceIdStrategy) -> list[str]:
+    """What Allocate gives a container asking for `ids` (resolved as allocate.resolve_devices does)."""
+    devices = [resource.device(i) for i in ids]
+    assert all(d is not None for d in devices)
+    return device_container_ids([d for d in devices if d is not None], strategy)
 
 
 def test_uuid_strategy_strips_replica_suffix_and_dedupes_in_request_order() -> None:
     p = plan(config(time_slicing=(entry(replicas=3),)), inventory(gpu(0), gpu(1)))
     r = p.resources[0]
     requested = [f"{gpu_uuid(1)}::2", f"{gpu_uuid(0)}::0", f"{gpu_uuid(1)}::0"]
-    assert container_device_ids(r, requested, "uuid") == [gpu_uuid(1), gpu_uuid(0)]
-    assert container_device_ids(r, requested, "index") == ["1", "0"]
+    assert container_ids(r, requested, "uuid") == [gpu_uuid(1), gpu_uuid(0)]
+    assert container_ids(r, requested, "index") == ["1", "0"]
 
 
 def test_index_strategy_gives_mig_indices() -> None:
     p = plan(config("single"), inventory(gpu(0, H100, (9, 0), ("1g.10gb", "1g.10gb"))))
     r = p.resources[0]
-    assert container_device_ids(r, [mig_uuid(0, 1), mig_uuid(0, 0)], "index") == ["0:1", "0:0"]
-    assert container_device_ids(r, [mig_uuid(0, 1)], "uuid") == [mig_uuid(0, 1)]
-
-
-def test_unknown_device_id_is_an_error_naming_it() -> None:
-    r = plan(config(), inventory(gpu(0))).resources[0]
-    with pytest.raises(UnknownDeviceError) as err:
-        container_device_ids(r, [gpu_uuid(0), "GPU-nope"], "uuid")
-    assert str(err.value) == "unknown device: GPU-nope"
-    assert (err.value.resource, err.value.device_id) == ("nvidia.com/gpu", "GPU-nope")
+    assert container_ids(r, [mig_uuid(0, 1), mig_uuid(0, 0)], "index") == ["0:1", "0:0"]
+    assert container_ids(r, [mig_uuid(0, 1)], "uuid") == [mig_uuid(0, 1)]
 
 
 def test_a_gpu_uuid_marks_all_its_replicas_unhealthy() -> None:

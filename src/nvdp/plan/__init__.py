@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from nvdp.plan.build import plan
-from nvdp.plan.errors import PlanError, UnknownDeviceError
-from nvdp.plan.ids import container_device_ids
+from nvdp.plan.errors import PlanError
 from nvdp.plan.model import Exclusion, Plan, PlannedDevice, PlannedResource
 
 __all__ = [
@@ -13,7 +12,5 @@ __all__ = [
     "PlanError",
     "PlannedDevice",
     "PlannedResource",
-    "UnknownDeviceError",
-    "container_device_ids",
     "plan",
 ]

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from nvdp.config.model import DeviceIdStrategy
-from nvdp.plan.errors import UnknownDeviceError
-from nvdp.plan.model import PlannedDevice, PlannedResource
+from nvdp.plan.model import PlannedDevice
 
 
 def device_container_ids(devices: Iterable[PlannedDevice], strategy: DeviceIdStrategy) -> list[str]:
@@ -16,19 +15,3 @@ def device_container_ids(devices: Iterable[PlannedDevice], strategy: DeviceIdStr
     """
     return list(dict.fromkeys(d.index if strategy == "index" else d.base_id for d in devices))
 
-
-def container_device_ids(
-    resource: PlannedResource, ids: Iterable[str], strategy: DeviceIdStrategy
-) -> list[str]:
-    """UUIDs (replica suffix stripped) or indices ("0", "0:1"), unique, in the order requested.
-
-    Several replicas of one GPU collapse to that GPU once. Raises UnknownDeviceError for an ID
-    the resource does not advertise.
-    """
-    devices: list[PlannedDevice] = []
-    for device_id in ids:
-        device = resource.device(device_id)
-        if device is None:
-            raise UnknownDeviceError(resource.name, device_id)
-        devices.append(device)
-    return device_container_ids(devices, strategy)
