@@ -250,3 +250,29 @@ def test_key_paths_follow_refs_and_list_items() -> None:
         }
     )
     assert paths == {"": ["a", "open"], "a": ["items"], "a.items[]": ["k"]}
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {
+            "version": "v1",
+            "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": -1}]}},
+        },
+        {"version": "v1", "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 0}]}}},
+        {"version": "v1", "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 1025}]}}},
+        {"version": "v1", "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": "ten"}]}}},
+        {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu"}]}}},
+        {"version": "v1", "flags": {"migStrategy": "sometimes"}},
+        {"version": "v2"},
+    ],
+)
+def test_string_entries_meet_the_schema_object_entries_meet(entry: dict[str, Any]) -> None:
+    """`--set-file` entries get the values schema's checks, worded as Helm words them for objects."""
+    import yaml
+
+    as_object = render_error({"config": {"map": {"cfg": entry}}})
+    problem = next(line for line in as_object.splitlines() if line.startswith("- at '"))
+    as_string = render_error({"config": {"map": {"cfg": yaml.safe_dump(entry)}}})
+    assert f"config.map.cfg (a string entry) does not meet the config schema:\n{problem}\n" in as_string
+    assert "Fix the file given with --set-file config.map.cfg=<file>" in as_string
