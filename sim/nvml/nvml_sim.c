@@ -9,7 +9,7 @@
  *   NVML_SIM_STATE_DIR  (created at init if missing) run-time state shared between processes: lost/<uuid> markers, compute-mode/<uuid>,
  *                       and the append-only `events` file ("<uuid> <xid>" per line).
  *   NVML_SIM_FAIL_INIT  make nvmlInit fail: driver_not_loaded, lib_rm_version_mismatch, no_permission,
- *                       unknown, or a numeric NVML return code.
+ *                       unknown, or a numeric NVML return code; `hang`: nvmlInit never returns (a hung driver).
  *   NVML_SIM_PYTHON     interpreter used for YAML profiles (default python3).
  */
 #define _GNU_SOURCE
@@ -502,6 +502,10 @@ static int fail_init_code(void) {
 
 EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
+    const char *f = getenv("NVML_SIM_FAIL_INIT");
+    if (f && strcmp(f, "hang") == 0) {
+        for (;;) pause();
+    }
     int code = fail_init_code();
     if (code) return code;
     pthread_mutex_lock(&g.lock);

@@ -8,7 +8,9 @@ Two files in the chart are generated from the repository's config-schema.json:
   under `#/$defs/nvdpConfig/...` (they would otherwise resolve against values.schema.json), and
   `additionalProperties: false` is left out: Helm's schema error for an unknown key cannot say where
   the key belongs, so validation.yaml checks the keys of inline entries as it does for strings.
-- templates/_config_keys.tpl: the known keys of every object in the config file, which
+- templates/_config_keys.tpl: the schema itself without annotations, which validation.yaml applies
+  to string entries (Helm does not give templates values.schema.json); the known keys of every
+  object in the config file, which
   validation.yaml uses to reject unknown keys in string entries (from --set-file), where the schema
   cannot reach; and, per object, the loader's own "did you mean" for every key name the schema
   knows, so a misplaced or wrongly cased key gets the same suggestion at install time as from
@@ -168,7 +170,32 @@ def keys_template(config_schema: Json) -> str:
         '{{- define "nvidia-device-plugin.configKeyHints" -}}\n'
         f"{hints}\n"
         "{{- end -}}\n"
+        "{{/*\n"
+        "The config schema as values.schema.json embeds it ($defs.nvdpConfig), without its annotations,\n"
+        "for the string entries (_config_schema_check.tpl): Helm keeps values.schema.json out of .Files.\n"
+        "*/}}\n"
+        '{{- define "nvidia-device-plugin.configSchema" -}}\n'
+        f"{json.dumps(_without_annotations(embedded_config_schema(config_schema)), sort_keys=True)}\n"
+        "{{- end -}}\n"
     )
+
+
+ANNOTATIONS = {"title", "description", "default", "$comment", "$schema", "$id", "examples"}
+
+
+def _without_annotations(node: Any) -> Any:
+    """The schema's validation keywords only (property names are kept whatever they are called)."""
+    if isinstance(node, list):
+        return [_without_annotations(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    kept: Json = {}
+    for key, value in node.items():
+        if key in ("properties", "$defs"):
+            kept[key] = {name: _without_annotations(sub) for name, sub in value.items()}
+        elif key not in ANNOTATIONS:
+            kept[key] = _without_annotations(value)
+    return kept
 
 
 def synced_values_schema(values_schema: Json, config_schema: Json) -> Json:

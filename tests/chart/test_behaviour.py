@@ -166,25 +166,11 @@ def test_mps_shared_memory_follows_remounts_on_the_host() -> None:
 
 
 @pytest.mark.parametrize(
-    ("config", "key"),
-    [
-        ({"map": {"only": TS_CONFIG}}, "only"),
-        ({"map": {"only": TS_CONFIG}, "fallbackStrategies": ["named"], "default": "only"}, "only"),
-    ],
-)
-def test_one_inline_entry_is_mounted_as_the_config_file(config: dict[str, Any], key: str) -> None:
-    ds = render({"config": config}).one("DaemonSet", PLUGIN)
-    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
-    variables = env(container(ds, "nvidia-device-plugin-ctr"))
-    assert volumes["config"]["configMap"]["items"] == [{"key": key, "path": "config.yaml"}]
-    assert volumes["config"]["configMap"]["name"] == f"{PLUGIN}-configs"
-    assert variables["CONFIG_FILE"] == "/config/config.yaml"
-    assert "available-configs" not in volumes and "CONFIG_DIR" not in variables
-
-
-@pytest.mark.parametrize(
     ("config", "entries", "key"),
     [
+        ({"map": {"only": TS_CONFIG}}, None, "only"),
+        ({"map": {"only": TS_CONFIG}, "fallbackStrategies": ["named"], "default": "only"}, None, "only"),
+        ({"map": {"only": TS_CONFIG}, "fallbackStrategies": ["empty"]}, None, None),
         ({"map": {"a": TS_CONFIG, "default": TS_CONFIG}}, None, "default"),
         ({"map": {"a": TS_CONFIG, "b": TS_CONFIG}, "default": "b"}, None, "b"),
         ({"map": {"a": TS_CONFIG, "b": TS_CONFIG}, "fallbackStrategies": ["named", "empty"]}, None, None),
@@ -192,10 +178,13 @@ def test_one_inline_entry_is_mounted_as_the_config_file(config: dict[str, Any], 
         ({"name": "mine", "default": "gpu"}, ("default", "gpu"), "gpu"),
     ],
 )
-def test_several_entries_or_an_existing_configmap_are_chosen_per_node(
+def test_any_config_is_chosen_per_node_by_the_daemons(
     config: dict[str, Any], entries: tuple[str, ...] | None, key: str | None
 ) -> None:
-    """The whole ConfigMap is mounted; an unlabelled node gets what the chart's selection says."""
+    """The whole ConfigMap is mounted with what the daemons choose by; the chart chooses nothing.
+
+    An unlabelled node gets what the daemons' own rule (nvdp.config.select) makes of the rendered env.
+    """
     from nvdp.config.select import parse_fallbacks, select_entry
 
     rendered = render({"config": config})
@@ -209,6 +198,8 @@ def test_several_entries_or_an_existing_configmap_are_chosen_per_node(
         assert volumes["available-configs"]["configMap"] == {"name": config.get("name", f"{PLUGIN}-configs")}
         assert "config" not in volumes and "CONFIG_FILE" not in variables
         assert variables["CONFIG_DIR"] == "/available-configs"
+        fallbacks = config.get("fallbackStrategies", ["named", "single"])
+        assert variables["FALLBACK_STRATEGIES"] == ",".join(fallbacks)
         assert spec["automountServiceAccountToken"] is True
         assert "checksum/config" not in ds["spec"]["template"]["metadata"].get("annotations", {})
         names = entries or tuple(config["map"])
@@ -221,16 +212,6 @@ def test_inline_object_entries_are_rendered_as_yaml() -> None:
     entry = {"version": "v1", "flags": {"migStrategy": "single"}}
     cm = render({"config": {"map": {"c": entry}}}).one("ConfigMap")
     assert cm["data"] == {"c": "flags:\n  migStrategy: single\nversion: v1\n"}
-
-
-def test_checksum_changes_with_the_inline_config() -> None:
-    def checksum(text: str) -> str:
-        ds = render({"config": {"map": {"c": text}}}).one("DaemonSet", PLUGIN)
-        value: str = ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-        return value
-
-    assert checksum(TS_CONFIG) != checksum(TS_CONFIG.replace("4", "8"))
-    assert "annotations" not in render({}).one("DaemonSet", PLUGIN)["spec"]["template"]["metadata"]
 
 
 def test_driver_root_mounted_read_only_only_when_set() -> None:
@@ -259,15 +240,15 @@ def test_images_default_to_app_version_and_are_independent() -> None:
 
 def test_notes_tell_how_to_switch_a_node_with_per_node_config() -> None:
     notes = render({"config": {"map": {"ts": TS_CONFIG, "mps": MPS_CONFIG}, "default": "ts"}}).notes
-    assert "(entries: mps, ts); unlabelled nodes run\nentry \"ts\"" in notes
+    assert "(entries: mps, ts); unlabelled nodes run\nentry \"ts\" (config.default)" in notes
     assert "kubectl label node <node> nvidia.com/device-plugin.config=<entry> --overwrite" in notes
-    assert "mounted at /config/config.yaml" not in notes
-    assert "mounted at /config/config.yaml" in render({"config": {"map": {"ts": TS_CONFIG}}}).notes
+    one = render({"config": {"map": {"ts": TS_CONFIG}}}).notes
+    assert "unlabelled nodes run\nwhat config.fallbackStrategies give (named, single)" in one
+    assert "nvidia.com/device-plugin.config" not in render({}).notes
 
 
-@pytest.mark.parametrize("values", [{}, {"config": {"map": {"c": MPS_CONFIG}}}])
-def test_no_api_access_is_granted_with_one_config_and_no_events(values: dict[str, Any]) -> None:
-    rendered = render({**values, "events": {"enabled": False}})
+def test_no_api_access_is_granted_without_a_config_and_events() -> None:
+    rendered = render({"events": {"enabled": False}})
     kinds = {o["kind"] for o in rendered.objects}
     assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
     assert rendered.one("ServiceAccount")["automountServiceAccountToken"] is False
@@ -277,7 +258,7 @@ def test_no_api_access_is_granted_with_one_config_and_no_events(values: dict[str
 
 
 @pytest.mark.parametrize("config", [{"map": {"ts": TS_CONFIG, "mps": MPS_CONFIG}, "default": "ts"},
-                                    {"name": "mine", "default": "gpu"}])
+                                    {"map": {"c": MPS_CONFIG}}, {"name": "mine", "default": "gpu"}])
 def test_per_node_config_grants_node_reads_and_event_writes_only(config: dict[str, Any]) -> None:
     rendered = render({"config": config})
     (role,) = rendered.find("ClusterRole")
@@ -294,15 +275,8 @@ def test_per_node_config_grants_node_reads_and_event_writes_only(config: dict[st
     assert {p["port"] for p in ports} == {443, 6443}
 
 
-def test_one_inline_config_needs_no_api_access_by_default() -> None:
-    rendered = render({"config": {"map": {"c": MPS_CONFIG}}})
-    assert not {o["kind"] for o in rendered.objects} & {"ClusterRole", "ClusterRoleBinding", "Role"}
-    assert all(not ds["spec"]["template"]["spec"]["automountServiceAccountToken"]
-               for ds in rendered.find("DaemonSet"))
-
-
 def test_events_grant_only_creating_events_to_the_plugin() -> None:
-    rendered = render({"config": {"map": {"c": MPS_CONFIG}}, "events": {"enabled": True}})
+    rendered = render({"mps": {"enabled": True}, "events": {"enabled": True}})
     (role,) = rendered.find("ClusterRole")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
     (binding,) = rendered.find("ClusterRoleBinding")

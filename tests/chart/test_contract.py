@@ -23,6 +23,8 @@ RUNTIME_ENV = {
 observe = pytest.importorskip("nvdp.plugin.observe")
 # Read by the processes themselves (where to serve metrics and probes), not by the config loader.
 PROCESS_ENV = {observe.METRICS_ADDRESS_ENV, observe.HEALTH_ADDRESS_ENV}
+# Read by the per-node config settings (nvdp.nodeconfig.settings_from), which choose the entry.
+NODE_CONFIG_ENV = {"CONFIG_DIR", "DEFAULT_CONFIG", "FALLBACK_STRATEGIES"}
 
 MPS_CONFIG = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
 EVERYTHING_SET: dict[str, Any] = {
@@ -56,17 +58,18 @@ def main_containers(rendered: Rendered) -> list[Manifest]:
 
 def test_every_env_var_is_read_by_the_config_loader(rendered: Rendered) -> None:
     names = {name for c in main_containers(rendered) for name in env(c)}
-    unknown = names - set(loader.ENV_VARS) - RUNTIME_ENV - PROCESS_ENV
+    unknown = names - set(loader.ENV_VARS) - RUNTIME_ENV - PROCESS_ENV - NODE_CONFIG_ENV
     assert not unknown, f"the chart sets env vars the plugin does not read: {sorted(unknown)}"
     # Every value is set here, so this is every env var the chart can emit.
     assert names - RUNTIME_ENV - PROCESS_ENV == {
-        "CONFIG_FILE",
+        "CONFIG_DIR",
         "DEVICE_DISCOVERY_STRATEGY",
         "DEVICE_ID_STRATEGY",
         "DEVICE_LIST_STRATEGY",
         "DEVICE_PLUGIN_PATH",
         "DP_DISABLE_HEALTHCHECKS",
         "FAIL_ON_INIT_ERROR",
+        "FALLBACK_STRATEGIES",
         "GDRCOPY_ENABLED",
         "GDS_ENABLED",
         "MIG_STRATEGY",
@@ -91,15 +94,24 @@ def test_every_flag_passed_is_known() -> None:
                 assert passed <= known, f"{c['name']} passes unknown flags {sorted(passed - known)}"
 
 
-def test_config_file_env_points_at_the_mounted_entry(rendered: Rendered) -> None:
+def test_config_dir_env_points_at_the_mounted_entries(rendered: Rendered) -> None:
+    """Every daemon gets the ConfigMap as a directory and the settings it chooses its entry by."""
+    import argparse
+
+    from nvdp.nodeconfig import settings_from
+
     for ds in rendered.find("DaemonSet"):
         spec = ds["spec"]["template"]["spec"]
-        volume = next(v for v in spec["volumes"] if v["name"] == "config")
-        (item,) = volume["configMap"]["items"]
+        volume = next(v for v in spec["volumes"] if v["name"] == "available-configs")
+        assert volume["configMap"] == {"name": "nvdp-nvidia-device-plugin-configs"}  # every entry, no items
         for c in spec["containers"]:
-            mount = next(m for m in c["volumeMounts"] if m["name"] == "config")
+            mount = next(m for m in c["volumeMounts"] if m["name"] == "available-configs")
             assert "subPath" not in mount  # a subPath mount never sees ConfigMap updates
-            assert env(c)["CONFIG_FILE"] == f"{mount['mountPath']}/{item['path']}"
+            variables = {k: v for k, v in env(c).items() if v is not None}
+            assert "CONFIG_FILE" not in variables
+            settings = settings_from(argparse.Namespace(), variables)
+            assert settings is not None and str(settings.config_dir) == mount["mountPath"]
+            assert settings.fallbacks == ("named", "single")
 
 
 def test_device_plugin_path_is_the_mounted_kubelet_dir(rendered: Rendered) -> None:

@@ -18,6 +18,8 @@ PRESENCE = f"{PLUGIN}-gpu-presence"
 CLUSTER_NAME = f"{PLUGIN}-nvidia-device-plugin-node-labeller"  # fullname-namespace-node-labeller
 SA_USER = f"system:serviceaccount:nvidia-device-plugin:{GFD}"
 # Read by gpu-feature-discovery outside the config loader, or by the container runtime.
+# Read by the per-node config settings (nvdp.nodeconfig.settings_from), whatever the daemon.
+NODE_CONFIG_ENV = {"CONFIG_DIR", "DEFAULT_CONFIG", "FALLBACK_STRATEGIES"}
 PROCESS_ENV = {"NODE_NAME", "NAMESPACE", "POD_NAME", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
                "NVIDIA_MIG_MONITOR_DEVICES"}  # fmt: skip
 MPS_CONFIG = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 10\n"
@@ -81,12 +83,12 @@ def test_every_gfd_env_var_is_read_by_gpu_feature_discovery() -> None:
         "deviceDiscoveryStrategy": "nvml", "config": {"map": {"config": MPS_CONFIG}},
     }  # fmt: skip
     e = env(gfd_ctr(render(values)))
-    unknown = set(e) - set(GFD_ENV_VARS) - set(CONFIG_FILE_ENVS) - PROCESS_ENV
+    unknown = set(e) - set(GFD_ENV_VARS) - set(CONFIG_FILE_ENVS) - PROCESS_ENV - NODE_CONFIG_ENV
     assert not unknown, f"gpu-feature-discovery does not read {sorted(unknown)}"
     # and the loader accepts every rendered value
     from nvdp.gfd.main import load
 
-    known = {k: v for k, v in e.items() if v is not None and k != "CONFIG_FILE"}
+    known = {k: v for k, v in e.items() if v is not None and k not in NODE_CONFIG_ENV}
     config = load(parse_options([], known), known)
     assert config.flags.gfd.sleep_interval == "1m"
     assert config.flags.use_node_feature_api is True
@@ -160,11 +162,14 @@ def test_seed_004_with_gfd_needs_no_hand_label() -> None:
     without = render({**values, **config})
     assert "kubectl label node <node> nvidia.com/mps.capable=true" in without.notes
     rendered = render({**values, **config, "gfd": {"enabled": True}})
-    assert "kubectl label" not in rendered.notes
+    assert "nvidia.com/mps.capable=true" not in rendered.notes.split("GPU feature discovery labels")[0]
+    assert "kubectl label node <node> nvidia.com/mps.capable" not in rendered.notes
     assert "GPU feature discovery labels the nodes whose config shares GPUs with MPS" in rendered.notes
     assert sorted(rendered.daemonsets()) == [PLUGIN, GFD, f"{PLUGIN}-mps-control-daemon"]
-    # the labeller reads the same config entry the plugin does
-    assert env(gfd_ctr(rendered))["CONFIG_FILE"] == "/config/config.yaml"
+    # the labeller chooses the config entry as the plugin does, from the same settings
+    plugin = container(rendered.one("DaemonSet", PLUGIN), "nvidia-device-plugin-ctr")
+    for name in sorted(NODE_CONFIG_ENV - {"DEFAULT_CONFIG"}):
+        assert env(gfd_ctr(rendered))[name] == env(plugin)[name]
 
 
 def test_notes_point_at_detect_nodes_with_the_default_affinity() -> None:

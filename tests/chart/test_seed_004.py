@@ -57,16 +57,20 @@ def test_configmap_holds_the_file_verbatim(rendered: Rendered) -> None:
     assert cm["data"] == {"config": (DATA / "seed-004-config.yaml").read_text(encoding="utf-8")}
 
 
-def test_both_pods_read_the_entry_as_config_file(rendered: Rendered) -> None:
+def test_both_pods_choose_the_entry_from_the_configmap(rendered: Rendered) -> None:
+    from nvdp.config.select import parse_fallbacks, select_entry
+
     for name, ctr in [(PLUGIN, "nvidia-device-plugin-ctr"), (MPS, "mps-control-daemon-ctr")]:
         ds = rendered.daemonsets()[name]
-        assert env(container(ds, ctr))["CONFIG_FILE"] == "/config/config.yaml"
-        volume = next(v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "config")
-        assert volume["configMap"] == {
-            "name": f"{PLUGIN}-configs",
-            "items": [{"key": "config", "path": "config.yaml"}],
-        }
-        assert "checksum/config" in ds["spec"]["template"]["metadata"]["annotations"]
+        variables = env(container(ds, ctr))
+        assert variables["CONFIG_DIR"] == "/available-configs" and "CONFIG_FILE" not in variables
+        volumes = ds["spec"]["template"]["spec"]["volumes"]
+        volume = next(v for v in volumes if v["name"] == "available-configs")
+        assert volume["configMap"] == {"name": f"{PLUGIN}-configs"}
+        # the daemons' own rule picks the only entry on an unlabelled node
+        chosen = select_entry(["config"], None, variables.get("DEFAULT_CONFIG"),
+                              parse_fallbacks(variables["FALLBACK_STRATEGIES"]))
+        assert chosen.entry == "config"
 
 
 def test_mps_root_shared_by_both_pods(rendered: Rendered) -> None:

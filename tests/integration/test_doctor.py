@@ -338,3 +338,121 @@ def test_per_node_config_reports_the_entry_the_node_label_chooses(
     config = by_check(doctor(env, "--context=host")[1])["config"]
     assert config["status"] == "FAIL"
     assert "names config 'missing', which does not exist (entries: broken, plain)" in config["detail"]
+
+
+def test_nvml_that_never_answers_is_a_report_line_not_a_hang(
+    t4: NodeSim, tmp_path: Path, plugin_dir: Path
+) -> None:
+    env = node_env(t4, tmp_path, plugin_dir, NVML_SIM_FAIL_INIT="hang")
+    code, report = doctor(env, "--context=host", "--check-timeout=1")
+    checks = by_check(report)
+    assert [c["check"] for c in report["checks"]] == ORDER
+    assert code == 1
+    assert checks["nvml"]["status"] == "FAIL"
+    assert checks["nvml"]["detail"].startswith("NVML did not answer within 1 s: nvmlInit")
+    assert "nvidia-smi" in checks["nvml"]["fix"] and "persistence" in checks["nvml"]["fix"]
+    assert checks["driver"]["status"] == "SKIP"
+    assert checks["kubelet"]["status"] == "FAIL"  # the checks after it still ran
+
+
+class HtmlApiServer:
+    """An HTTP server that answers every request with a login page, where the API server should be."""
+
+    def __init__(self, status: int = 200) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = b"<html><body><form>Sign in</form></body></html>"
+                self.send_response(status)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+
+def kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{server: '{server}', insecure-skip-tls-verify: false}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("status", [200, 403, 502])
+def test_api_server_answering_html_is_a_report_line_with_the_fix(
+    t4: NodeSim, tmp_path: Path, plugin_dir: Path, status: int
+) -> None:
+    server = HtmlApiServer(status)
+    try:
+        entries = tmp_path / "entries"
+        entries.mkdir()
+        (entries / "plain").write_text("version: v1\n")
+        env = node_env(
+            t4,
+            tmp_path,
+            plugin_dir,
+            CONFIG_DIR=str(entries),
+            DEFAULT_CONFIG="plain",
+            NODE_NAME="gpu-node-1",
+            KUBECONFIG=str(kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{server.port}")),
+        )
+        code, report = doctor(env, "--context=host")
+    finally:
+        server.server.shutdown()
+    config = by_check(report)["config"]
+    assert [c["check"] for c in report["checks"]] == ORDER
+    assert code == 1
+    assert config["status"] == "FAIL"
+    assert "the node's label could not be read" in config["detail"]
+    if status == 200:
+        assert f"the server at http://127.0.0.1:{server.port} answered something that is not the " in (
+            config["detail"]
+        )
+    assert "the API server address" in config["fix"]
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_api_server_refusing_connections_or_tls_is_a_report_line(
+    t4: NodeSim, tmp_path: Path, plugin_dir: Path, scheme: str
+) -> None:
+    config = tmp_path / "mps.yaml"
+    config.write_text(
+        "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n"
+    )
+    # http: nothing listens on the port; https: a plain HTTP server, so the TLS handshake fails.
+    server = HtmlApiServer()
+    port = free_port() if scheme == "http" else server.port
+    env = node_env(
+        t4,
+        tmp_path,
+        plugin_dir,
+        CONFIG_FILE=str(config),
+        NODE_NAME="gpu-node-1",
+        MPS_CONTAINER_ROOT=str(tmp_path / "mps"),
+        KUBECONFIG=str(kubeconfig(tmp_path / "kubeconfig", f"{scheme}://127.0.0.1:{port}")),
+    )
+    try:
+        mps = by_check(doctor(env, "--context=host")[1])["mps"]
+    finally:
+        server.server.shutdown()
+    assert mps["status"] == "FAIL"
+    if scheme == "http":
+        assert f"could not be read (cannot reach the API server at http://127.0.0.1:{port}" in mps["detail"]
+        assert "API: check the API server address" in mps["fix"]
+    else:
+        assert f"could not be read (TLS with the API server at https://127.0.0.1:{port} failed" in (
+            mps["detail"]
+        )
+        assert "API: the kubeconfig's certificate-authority" in mps["fix"]

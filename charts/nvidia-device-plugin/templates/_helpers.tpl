@@ -102,53 +102,22 @@ validation.yaml.
 {{- end -}}
 
 {{/*
-The config.map key mounted as the plugin's config file, chosen like NVIDIA's config-manager does
-without a node label: config.default, then the fallback strategies. Empty output: no config file.
-With config.name (a ConfigMap the chart cannot read) "named" means key "default" and "single"
-cannot be resolved.
+"true" when a config is given (inline entries or an existing ConfigMap). The daemons then get the
+ConfigMap as a directory of entries (CONFIG_DIR), config.default (DEFAULT_CONFIG) and the fallback
+strategies (FALLBACK_STRATEGIES), and each chooses its node's entry itself (nvdp/config/select.py:
+the node label nvidia.com/device-plugin.config, else config.default, else the fallbacks), as NVIDIA's
+config-manager does. The chart never chooses an entry.
 */}}
-{{- define "nvidia-device-plugin.selectedConfig" -}}
-{{- $selected := "" -}}
-{{- if or .Values.config.map .Values.config.name -}}
-{{- if .Values.config.default -}}
-{{- $selected = .Values.config.default -}}
-{{- else -}}
-{{- $done := false -}}
-{{- range $strategy := .Values.config.fallbackStrategies -}}
-{{- if not $done -}}
-{{- if eq $strategy "named" -}}
-{{- if or $.Values.config.name (hasKey $.Values.config.map "default") -}}
-{{- $selected = "default" -}}
-{{- $done = true -}}
-{{- end -}}
-{{- else if eq $strategy "single" -}}
-{{- if eq (len $.Values.config.map) 1 -}}
-{{- $selected = keys $.Values.config.map | first -}}
-{{- $done = true -}}
-{{- end -}}
-{{- else if eq $strategy "empty" -}}
-{{- $done = true -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
-{{- $selected -}}
+{{- define "nvidia-device-plugin.hasConfig" -}}
+{{- if or .Values.config.name .Values.config.map -}}true{{- end -}}
 {{- end -}}
 
 {{/*
-"true" when each node picks its config entry (node label nvidia.com/device-plugin.config, then
-config.default, then the fallbacks): more than one inline entry, or an existing ConfigMap. The pods
-then mount every entry as a directory, read their Node's labels and record Events on it, which
-needs the API access granted in rbac.yaml. One inline entry needs none of that.
+"true" when the plugin pods read their Node's label to choose a config entry and record Events on
+it, which needs the API access granted in rbac.yaml: whenever a config is given.
 */}}
 {{- define "nvidia-device-plugin.perNodeConfig" -}}
-{{- if and .Values.devicePlugin.enabled (or .Values.config.name (gt (len .Values.config.map) 1)) -}}true{{- end -}}
-{{- end -}}
-
-{{/* "true" when one config file (the selected entry) is mounted into the pods. */}}
-{{- define "nvidia-device-plugin.hasConfigFile" -}}
-{{- if and (include "nvidia-device-plugin.selectedConfig" .) (not (include "nvidia-device-plugin.perNodeConfig" .)) -}}true{{- end -}}
+{{- if and .Values.devicePlugin.enabled (include "nvidia-device-plugin.hasConfig" .) -}}true{{- end -}}
 {{- end -}}
 
 {{/* Per-node config: the environment that tells the plugin and the MPS daemon how to choose. */}}
@@ -171,11 +140,6 @@ refresh brings ConfigMap edits to running pods, which pick them up without a res
 - name: available-configs
   configMap:
     name: {{ include "nvidia-device-plugin.configMapName" . }}
-{{- end -}}
-
-{{/* sha256 of the inline configs, so pods roll when they change. */}}
-{{- define "nvidia-device-plugin.configChecksum" -}}
-{{- toJson .Values.config.map | sha256sum -}}
 {{- end -}}
 
 {{/*
@@ -306,14 +270,4 @@ securityContext:
   seccompProfile:
     type: RuntimeDefault
 {{- end }}
-{{- end -}}
-
-{{/* The config volume: the selected entry projected as config.yaml (no subPath, so updates land). */}}
-{{- define "nvidia-device-plugin.configVolume" -}}
-- name: config
-  configMap:
-    name: {{ include "nvidia-device-plugin.configMapName" . }}
-    items:
-      - key: {{ include "nvidia-device-plugin.selectedConfig" . | quote }}
-        path: config.yaml
 {{- end -}}

@@ -5,67 +5,45 @@ Each check reads one thing (NVML, sysfs, /dev, the kubelet's directory, the conf
 issue trackers: the driver not injected by the container runtime (`could not load NVML library`),
 a kubelet socket elsewhere (k3s) or a kubelet without device plugins (Kubernetes < 1.10), a DaemonSet
 not scheduled on the node, the MPS label, a `/dev/shm` not shared with the MPS daemon, MIG monitoring
-without SYS_ADMIN. A check whose input failed earlier is SKIPped with that reason.
+without SYS_ADMIN. A check whose input failed earlier is SKIPped with that reason. Every check runs
+within a time limit (`bounded.py`) and whatever it raises is its FAIL line: an NVML whose init never
+returns, an API server answering HTML or refusing the connection end up in the report, not a hang or a
+traceback. The kubelet and MPS checks live in `kubelet_check.py` and `mps_check.py`.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import socket
-import urllib.request
-from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal
-
-from msgspec import Struct, field
 
 from nvdp.config.model import Config
+from nvdp.doctor.api import LabelRead
+from nvdp.doctor.bounded import TimedOut, checked, checked_all, within
+from nvdp.doctor.kubelet_check import KubeletChecks
+from nvdp.doctor.mps_check import MpsChecks
 from nvdp.doctor.report import Finding, failed, passed, skipped
+from nvdp.doctor.where import Context, Where, detect_context, read_text
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan
 
-Context = Literal["container", "host"]
+__all__ = ["Context", "Doctor", "Where", "detect_context"]
+
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA and 3D controllers
 CAP_SYS_ADMIN = 21
-CHECKPOINT = "kubelet_internal_checkpoint"
 FIX_RUNTIME = (
     "run the plugin with the NVIDIA container runtime: chart value runtimeClassName: nvidia, or make "
     "nvidia the default runtime (containerd: `nvidia-ctk runtime configure --runtime=containerd "
     '--set-as-default`; docker: "default-runtime": "nvidia" in /etc/docker/daemon.json), restart the '
     "runtime, then delete the plugin pod so it is recreated"
 )
-FIX_SCHEDULING = (
-    "check that the plugin pod runs on this node: `kubectl -n <namespace> get pods -o wide "
-    "--field-selector spec.nodeName=<node>`; if the DaemonSet has no pod here, its nodeSelector or "
-    "affinity does not match the node's labels (the chart's default wants nvidia.com/gpu.present=true "
-    "or the NFD PCI label: `kubectl label node <node> nvidia.com/gpu.present=true`)"
+FIX_NVML_HUNG = (
+    "run `nvidia-smi` on the node: if it hangs too, the driver is stuck; look for Xid errors in the "
+    "kernel log (`dmesg | grep -i -e xid -e nvrm`), then reset the GPU (`nvidia-smi -r`) or reboot the "
+    "node. With persistence mode off every start initialises the GPUs, which can take long: enable it "
+    "(the nvidia-persistenced service, or `nvidia-smi -pm 1`); `--check-timeout` allows more time"
 )
-
-
-class Where(Struct):
-    """Where the doctor looks; tests point these at prepared directories."""
-
-    env: Mapping[str, str]
-    context: Context
-    sysfs: Path = Path("/sys")
-    proc: Path = Path("/proc")
-    etc: Path = Path("/etc")
-    shm: Path = Path("/dev/shm")
-    node_name: str = ""
-    # Node labels from the API when it can be reached (None: no API access).
-    node_labels: Callable[[], Mapping[str, str] | None] = field(default=lambda: None)
-
-
-def detect_context(env: Mapping[str, str]) -> Context:
-    inside = (
-        "KUBERNETES_SERVICE_HOST" in env
-        or Path("/.dockerenv").exists()
-        or Path("/run/.containerenv").exists()
-    )
-    return "container" if inside else "host"
+# A check that waits on something itself (NVML, a socket, HTTP) gets this much beyond its own limit.
+GRACE_S = 5.0
 
 
 def _split_fix(message: str) -> tuple[str, str]:
@@ -79,19 +57,18 @@ def _pci_bus(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}" if rest else bus_id.lower()
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
-class Doctor:
+class Doctor(KubeletChecks, MpsChecks):
     def __init__(
-        self, where: Where, config: Config | None, config_error: str | None, entry: str = ""
+        self,
+        where: Where,
+        config: Config | None,
+        config_error: str | None,
+        entry: str = "",
+        label_read: LabelRead | None = None,
     ) -> None:
         self.where = where
         self.entry = entry  # per-node config: which entry and why
+        self.label_read = label_read  # per-node config: how the node's label was read
         self.config = config or Config()
         self.config_valid = config is not None
         self.config_error = config_error
@@ -100,9 +77,25 @@ class Doctor:
         self.plan: Plan | None = None
 
     def run(self) -> list[Finding]:
-        findings = [self.nvml(), self.driver(), self.gpus(), self.runtime(), self.kubelet()]
-        self.plan = self._plan()
-        findings += [self.registration(), self.config_check(), *self.mps(), self.mig()]
+        """Every check in order, each bounded in time; an error in one is its report line."""
+        limit = self.where.timeout + GRACE_S
+        findings = [
+            checked("nvml", "NVML loads", self.nvml, limit),
+            checked("driver", "driver and CUDA versions", self.driver, limit),
+            checked("gpus", "GPUs visible to NVML vs NVIDIA GPUs on the PCI bus", self.gpus, limit),
+            checked("runtime", "the NVIDIA driver and the container runtime", self.runtime, limit),
+            checked("kubelet", "kubelet device-plugin socket", self.kubelet, limit),
+        ]
+        try:
+            self.plan = self._plan()
+        except Exception:  # the checks that need a plan say it is missing
+            self.plan = None
+        findings += [
+            checked("registration", "the plugin serves and is registered", self.registration, limit),
+            checked("config", "the config validates", self.config_check, limit),
+        ]
+        findings += checked_all("mps", "the MPS control daemon answers", self.mps, 2 * limit)
+        findings.append(checked("mig", "MIG monitoring permissions", self.mig, limit))
         return findings
 
     # --- 1-4: the driver ------------------------------------------------------------------------
@@ -113,12 +106,27 @@ class Doctor:
 
         title = "NVML loads"
         flags = self.config.flags
+        seconds = self.where.timeout
         try:
-            self.inventory = discover(flags.nvidia_driver_root, flags.plugin.container_driver_root)
+            found = within(
+                lambda: discover(flags.nvidia_driver_root, flags.plugin.container_driver_root),
+                seconds,
+                "doctor-nvml",
+            )
         except NvmlUnavailable as err:
             self.nvml_error = str(err)
             detail, fix = _split_fix(str(err))
             return failed("nvml", title, detail, fix or FIX_RUNTIME)
+        if isinstance(found, TimedOut):
+            self.nvml_error = f"NVML did not answer within {seconds:g} s"
+            return failed(
+                "nvml",
+                title,
+                f"{self.nvml_error}: nvmlInit (or a call after it) never returned, so the driver is hung "
+                "or still initialising the GPUs",
+                FIX_NVML_HUNG,
+            )
+        self.inventory = found
         loaded = self._loaded_library() or "libnvidia-ml.so.1"
         under_root = find_library(flags.plugin.container_driver_root) is not None
         origin = (
@@ -129,7 +137,7 @@ class Doctor:
         return passed("nvml", title, f"{loaded}, {origin}")
 
     def _loaded_library(self) -> str | None:
-        maps = _read(self.where.proc / "self" / "maps") or ""
+        maps = read_text(self.where.proc / "self" / "maps") or ""
         for line in maps.splitlines():
             if "libnvidia-ml.so" in line:
                 return line.split(maxsplit=5)[-1]
@@ -138,7 +146,7 @@ class Doctor:
     def driver(self) -> Finding:
         title = "driver and CUDA versions"
         if self.inventory is None:
-            return skipped("driver", title, "NVML did not load (see above)")
+            return skipped("driver", title, f"{self.nvml_error or 'NVML did not load'} (see above)")
         inv = self.inventory
         return passed("driver", title, f"driver {inv.driver_version}, CUDA {inv.cuda_driver_version}")
 
@@ -184,8 +192,8 @@ class Doctor:
         except OSError:
             return None
         for entry in entries:
-            vendor = (_read(entry / "vendor") or "").strip()
-            klass = (_read(entry / "class") or "").strip()
+            vendor = (read_text(entry / "vendor") or "").strip()
+            klass = (read_text(entry / "class") or "").strip()
             if vendor == NVIDIA_VENDOR and klass.startswith(GPU_CLASSES):
                 found.add(_pci_bus(entry.name))
         return found
@@ -221,8 +229,8 @@ class Doctor:
                 f"no {ctl}: the NVIDIA kernel driver is not loaded",
                 "install the NVIDIA driver and load it (`modprobe nvidia`; `nvidia-smi` must work)",
             )
-        containerd = _read(self.where.etc / "containerd" / "config.toml")
-        docker = _read(self.where.etc / "docker" / "daemon.json")
+        containerd = read_text(self.where.etc / "containerd" / "config.toml")
+        docker = read_text(self.where.etc / "docker" / "daemon.json")
         if containerd is None and docker is None:
             return passed("runtime", title, f"{ctl} present; no containerd or docker config found to check")
         configured = [
@@ -251,27 +259,6 @@ class Doctor:
 
     # --- 5-6: the kubelet ------------------------------------------------------------------------
 
-    def kubelet(self) -> Finding:
-        title = "kubelet device-plugin socket"
-        path = self.config.flags.plugin.kubelet_socket_path
-        fix = (
-            "start the kubelet, or point the plugin at its socket: chart value devicePlugin.kubeletRootDir "
-            "(k3s: /var/lib/rancher/k3s/agent/kubelet, microk8s: /var/snap/microk8s/common/var/lib/kubelet), "
-            "env DEVICE_PLUGIN_PATH / KUBELET_SOCKET; on Kubernetes before 1.10 the kubelet also needs "
-            "--feature-gates=DevicePlugins=true"
-        )
-        if not os.path.exists(path):
-            return failed("kubelet", title, f"no kubelet socket at {path}", fix)
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(2.0)
-            try:
-                sock.connect(path)
-            except OSError as err:
-                return failed(
-                    "kubelet", title, f"{path} exists but does not accept connections ({err.strerror})", fix
-                )
-        return passed("kubelet", title, f"{path} accepts connections")
-
     def _plan(self) -> Plan | None:
         from nvdp.plan import PlanError, plan
 
@@ -281,75 +268,6 @@ class Doctor:
             return plan(self.config, self.inventory)
         except PlanError:
             return None
-
-    def registration(self) -> Finding:
-        from nvdp.plugin.observe import server_answers
-        from nvdp.plugin.server import socket_path_for
-
-        title = "the plugin serves and is registered"
-        if self.plan is None:
-            why = "NVML did not load" if self.inventory is None else "the config is not usable (see below)"
-            return skipped("registration", title, f"cannot tell which resources to expect: {why}")
-        if not self.plan.resources:
-            return passed("registration", title, "nothing to serve: the plan has no resources on this node")
-        registered, how = self._registered()
-        problems, served = [], []
-        for resource in self.plan.resources:
-            path = socket_path_for(resource, self.config)
-            if not os.path.exists(path):
-                problems.append(f"{resource.name}: no plugin socket {path}")
-                continue
-            silent = server_answers(path)
-            if silent:
-                problems.append(f"{resource.name}: the plugin {silent}")
-            elif registered is not None and resource.name not in registered:
-                problems.append(f"{resource.name}: served, but not registered with the kubelet ({how})")
-            else:
-                served.append(resource.name)
-        if problems:
-            fix = (
-                FIX_SCHEDULING
-                if any("no plugin socket" in p for p in problems)
-                else (
-                    "read the plugin's log (`kubectl logs` of the plugin pod): it says why registration fails"
-                )
-            )
-            return failed("registration", title, "; ".join(problems), fix)
-        state = (
-            f"registered ({how})"
-            if registered is not None
-            else "registration not verifiable (no /readyz, no kubelet checkpoint)"
-        )
-        return passed("registration", title, f"{', '.join(served)} served; {state}")
-
-    def _registered(self) -> tuple[set[str] | None, str]:
-        """Resources the kubelet knows: from the plugin's /readyz, else the kubelet's checkpoint."""
-        for variable in ("HEALTH_ADDRESS", "METRICS_ADDRESS"):
-            address = self.where.env.get(variable, "")
-            if not address:
-                continue
-            host, _, port = address.rpartition(":")
-            host = "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host.strip("[]")
-            try:
-                with urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=3) as answer:
-                    body = answer.read().decode()
-            except OSError as err:
-                body = getattr(err, "read", lambda: b"")().decode() if hasattr(err, "read") else ""
-            if body:
-                names = {
-                    line.split(": ", 1)[0] for line in body.splitlines() if line.endswith(": registered")
-                }
-                return names, "per the plugin's /readyz"
-        checkpoint = _read(Path(self.config.flags.plugin.device_plugin_path) / CHECKPOINT)
-        if checkpoint:
-            try:
-                data = json.loads(checkpoint)["Data"]["RegisteredDevices"] or {}
-                return set(data), "per the kubelet's checkpoint"
-            except (ValueError, KeyError, TypeError):
-                pass
-        return None, ""
-
-    # --- 7-9: config, MPS, MIG -------------------------------------------------------------------
 
     def config_check(self) -> Finding:
         from nvdp.config.cli import summary
@@ -364,77 +282,17 @@ class Doctor:
                 "check it before rolling it out with `nvdp config validate FILE`",
             )
         chosen = f" ({self.entry})" if self.entry else ""
-        return passed("config", title, f"from {self.config.source}{chosen}: {summary(self.config)}")
-
-    def mps(self) -> list[Finding]:
-        title = "the MPS control daemon answers"
-        if self.plan is None:
-            return [skipped("mps", title, "no plan (see above)")]
-        shared = [r for r in self.plan.resources if r.sharing == "mps"]
-        if not shared:
-            return [passed("mps", title, "no resource is shared with MPS")]
-        return [self._mps_resource(r.name) for r in shared]
-
-    def _mps_resource(self, name: str) -> Finding:
-        from nvdp.mps.paths import container_root, shm_dir
-        from nvdp.mps.status import read_status
-        from nvdp.plugin.mps_gate import MPS_CAPABLE_LABEL, MpsGate
-
-        title = f"the MPS control daemon answers for {name}"
-        gate = MpsGate.from_env(name, logging.getLogger("nvdp.doctor"), self.where.env)
-        problem = gate.problem()
-        shm_problem = self._shm_problem(shm_dir(container_root(self.where.env)))
-        if problem is None and shm_problem is None:
-            return passed("mps", title, f"it answers at {gate.paths.pipe_dir}")
-        node = self.where.node_name or "<node>"
-        causes, fixes = [], []
-        status = read_status(gate.paths.status_file)
-        daemon_reports = status is not None and status.is_current()  # its pod runs, but the daemon fails
-        if problem is not None and not daemon_reports and not gate.paths.ready_marker.exists():
-            key, _, value = MPS_CAPABLE_LABEL.partition("=")
-            labels = self.where.node_labels()
-            if labels is None:
-                causes.append(
-                    f"the daemon is not running on this node (no {gate.paths.ready_marker}); the node "
-                    f"label {MPS_CAPABLE_LABEL} could not be read (no API access)"
-                )
-                fixes.append(
-                    f"`kubectl get node {node} -L {key}`; if empty: `kubectl label node {node} "
-                    f"{MPS_CAPABLE_LABEL}`; else see the MPS daemon pod's state and log"
-                )
-            elif labels.get(key) != value:
-                causes.append(
-                    f"node {node} lacks the label {MPS_CAPABLE_LABEL}, so the chart does not run the "
-                    "MPS daemon here"
-                )
-                fixes.append(f"kubectl label node {node} {MPS_CAPABLE_LABEL}")
-            else:
-                causes.append(f"node {node} has {MPS_CAPABLE_LABEL} but the MPS daemon is not ready")
-                fixes.append(
-                    "see the MPS daemon pod on this node: `kubectl -n <namespace> get pods -o wide "
-                    f"--field-selector spec.nodeName={node}` and its log"
-                )
-        elif problem is not None:
-            causes.append(problem)
-            fixes.append("see the MPS daemon pod's log on this node")
-        if shm_problem is not None:
-            causes.append(shm_problem)
-            fixes.append(
-                "restart the plugin pod after the MPS daemon's init container has mounted "
-                "<mps.root>/shm (the chart mounts it at /dev/shm in both pods)"
+        detail = f"from {self.config.source}{chosen}: {summary(self.config)}"
+        read = self.label_read
+        if read is not None and read.error:
+            return failed(
+                "config",
+                title,
+                f"{detail}; the node's label could not be read, so this may not be the entry the label "
+                f"names: {read.problem}",
+                read.fix,
             )
-        return failed("mps", title, "; ".join(causes), "; ".join(fixes))
-
-    def _shm_problem(self, shared: Path) -> str | None:
-        if self.where.context != "container":
-            return None
-        try:
-            mine, theirs = os.stat(self.where.shm), os.stat(shared)
-        except OSError as err:
-            return f"cannot compare /dev/shm with {shared}: {err.strerror}"
-        if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
-            return f"{self.where.shm} is not {shared}, so MPS clients and the daemon would not share memory"
-        return None
+        return passed("config", title, detail)
 
     def mig(self) -> Finding:
         title = "MIG monitoring permissions"
@@ -446,7 +304,7 @@ class Doctor:
                     "mig", title, "migStrategy is none; NVML did not load to tell the GPUs' MIG mode"
                 )
             return passed("mig", title, "MIG is not in use (no GPU in MIG mode, migStrategy none)")
-        status = _read(self.where.proc / "self" / "status") or ""
+        status = read_text(self.where.proc / "self" / "status") or ""
         caps = next((line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), "0")
         problems = []
         if not int(caps, 16) >> CAP_SYS_ADMIN & 1:

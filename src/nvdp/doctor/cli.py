@@ -7,9 +7,24 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from nvdp.doctor.bounded import DEFAULT_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from nvdp.doctor.api import LabelRead
 
 EXIT_FAILED = 1
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0, e.g. 10")
+    return value
 
 
 def register(sub: Any) -> None:
@@ -30,30 +45,37 @@ def register(sub: Any) -> None:
         default="auto",
         help="where this runs: in the plugin's container or on the node (default: detected)",
     )
+    parser.add_argument(
+        "--check-timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long one check may wait for NVML, the API server or a socket (default %(default)s)",
+    )
     parser.add_argument("--sysfs-root", default="/sys", metavar="PATH", help="sysfs to read PCI devices from")
     add_config_arguments(parser)
     add_node_config_arguments(parser)
     parser.set_defaults(handler=doctor_command)
 
 
-def node_labels(node: str, kubeconfig: str | None = None) -> Mapping[str, str] | None:
-    """The node's labels from the API, or None without access (no config, forbidden, unreachable)."""
-    if not node:
-        return None
-    try:
-        import httpx2
-        from lightkube.core.exceptions import ApiError
+class LabelReader:
+    """Reads the node's labels once, on first use, within the check time limit."""
 
-        from nvdp.kube import KubeConnectError, connect, get_node_labels
+    def __init__(self, node: str, kubeconfig: str | None, seconds: float) -> None:
+        self.node, self.kubeconfig, self.seconds = node, kubeconfig, seconds
+        self._read: LabelRead | None = None
 
-        return get_node_labels(connect(kubeconfig), node).labels
-    except (ImportError, KubeConnectError, ApiError, httpx2.HTTPError):
-        return None
+    def __call__(self) -> LabelRead:
+        if self._read is None:
+            from nvdp.doctor.api import read_node_labels
+
+            self._read = read_node_labels(self.node, self.kubeconfig, self.seconds)
+        return self._read
 
 
 def choose_entry(
-    args: argparse.Namespace, env: Mapping[str, str], node: str
-) -> tuple[str | None, str] | None:
+    args: argparse.Namespace, env: Mapping[str, str], labels: LabelReader
+) -> tuple[str | None, str, LabelRead] | None:
     """Per-node config (CONFIG_DIR): the entry this node gets, as the plugin chooses it; None otherwise.
 
     Raises SelectionError when no entry can be chosen.
@@ -71,15 +93,19 @@ def choose_entry(
         raise SelectionError(
             f"cannot read the entries in {settings.config_dir}: {err.strerror or err}"
         ) from None
-    labels = node_labels(settings.node_name or node, settings.kubeconfig)
-    selection = select_for_labels(entries, labels, settings.default, settings.fallbacks, settings.label_name)
+    if settings.node_name and settings.node_name != labels.node:
+        labels = LabelReader(settings.node_name, settings.kubeconfig, labels.seconds)
+    read = labels()
+    selection = select_for_labels(
+        entries, read.labels, settings.default, settings.fallbacks, settings.label_name
+    )
     path = str(entry_path(settings.config_dir, selection.entry)) if selection.entry is not None else None
     unread = (
         ""
-        if labels is not None
-        else f"; the node label {settings.label_name} could not be read (no API access)"
+        if read.labels is not None
+        else f"; the node label {settings.label_name} could not be read ({read.problem})"
     )
-    return path, f"{selection.describe()}{unread}"
+    return path, f"{selection.describe()}{unread}", read
 
 
 def doctor_command(args: argparse.Namespace) -> int:
@@ -92,25 +118,29 @@ def doctor_command(args: argparse.Namespace) -> int:
 
     env: Mapping[str, str] = os.environ
     node = getattr(args, "node_name", None) or env.get("NODE_NAME", "")
-    path, chosen = args.config_file, ""
+    labels = LabelReader(node, getattr(args, "kubeconfig", None), args.check_timeout)
+    path, chosen, read = args.config_file, "", None
     try:
-        per_node = choose_entry(args, env, node)
+        per_node = choose_entry(args, env, labels)
         if per_node is not None:
-            path, chosen = per_node
+            path, chosen, read = per_node
             env = {k: v for k, v in env.items() if k != "CONFIG_FILE"}  # as the plugin does in this mode
         config, error = load_config(path, env, overrides_from_args(args)), None
     except ConfigError as err:
         config, error = None, str(err)
     except SelectionError as err:
         config, error = None, f"no config entry can be chosen for this node: {err}"
+    except Exception as err:  # a report line, never a traceback
+        config, error = None, f"the config could not be read: {type(err).__name__}: {err}"
     context = detect_context(env) if args.context == "auto" else args.context
     where = Where(
         env=env,
         context=context,
         sysfs=Path(args.sysfs_root),
         node_name=node,
-        node_labels=lambda: node_labels(node, getattr(args, "kubeconfig", None)),
+        node_labels=labels,
+        timeout=args.check_timeout,
     )
-    findings = Doctor(where, config, error, chosen).run()
+    findings = Doctor(where, config, error, chosen, read).run()
     sys.stdout.write(as_json(findings) if args.json else as_text(findings))
     return 0 if healthy(findings) else EXIT_FAILED
