@@ -1,0 +1,15 @@
+"""Wording shared by log lines, Event messages and errors; pure functions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+SHOWN = 4
+
+
+def short_list(items: Iterable[str], limit: int = SHOWN) -> str:
+    """The first `limit` items and how many more ("a, b, c, d and 3 more"): bounded, whatever the input."""
+    listed = list(items)
+    shown = ", ".join(listed[:limit])
+    rest = len(listed) - limit
+    return f"{shown} and {rest} more" if rest > 0 else shown
