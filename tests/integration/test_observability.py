@@ -88,7 +88,8 @@ def test_probes_follow_registration(make_plugin: MakePlugin, plugin_dir: Path) -
     plugin.start()
     plugin.wait_for_log("not registered with the kubelet yet")
     body = wait_for_http(port, "/readyz", 503)
-    assert "nvidia.com/gpu: not registered with the kubelet yet" in body
+    assert f"kubelet: its socket {plugin_dir / 'kubelet.sock'} is absent" in body
+    assert "nvidia.com/gpu: not registered (no kubelet)" in body
     # Unready but live: the kubelet being away is no reason to restart the plugin.
     body = wait_for_http(port, "/healthz", 200)
     assert "server nvidia.com/gpu: ok" in body and "health loop: ok" in body
@@ -218,4 +219,21 @@ def test_slow_and_idle_clients_do_not_keep_the_probes_from_answering(make_plugin
                 answers.append(f"{type(err).__name__}: {err}")
             threading.Event().wait(0.5)
     assert answers == [200] * 7
+    assert plugin.stop() == 0
+
+
+def test_not_ready_while_the_kubelet_socket_is_gone(make_plugin: MakePlugin, kubelet: KubeletSim) -> None:
+    port = free_port()
+    plugin, _node = make_plugin("t4", HEALTH_ADDRESS=f"127.0.0.1:{port}")
+    plugin.start()
+    kubelet.wait_for_resource("nvidia.com/gpu", count=1, timeout=10)
+    wait_for_http(port, "/readyz", 200)
+    kubelet.stop()  # kubelet.sock removed
+    body = wait_for_http(port, "/readyz", 503, timeout=5)
+    assert f"kubelet: its socket {kubelet.socket_path} is absent (kubelet not running" in body
+    assert "nvidia.com/gpu: not registered (no kubelet)" in body
+    assert wait_for_http(port, "/healthz", 200).startswith("live")  # unready, never dead
+    kubelet.start()
+    kubelet.wait_for_resource("nvidia.com/gpu", count=1, timeout=10)
+    assert "nvidia.com/gpu: registered" in wait_for_http(port, "/readyz", 200)
     assert plugin.stop() == 0

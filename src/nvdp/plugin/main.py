@@ -383,9 +383,10 @@ class PluginProcess:
 
     def start_endpoints(self) -> bool:
         from nvdp.plugin import observe
+        from nvdp.plugin.state import ServingView
 
         try:
-            self.endpoints = observe.start(self, self.args, self.log)
+            self.endpoints = observe.start(ServingView(self), self.args, self.log, recording.default())
         except OSError as err:
             self.log.error("%s; choose another port (--metrics-address / --health-address)", err)
             return False
