@@ -31,10 +31,10 @@ from nvdp.config.select import (
 )
 
 if TYPE_CHECKING:
-    from nvdp.kube import EventRecorder, NodeLabels, NodeWatcher
+    from nvdp.kube import NodeLabels, NodeWatcher
+    from nvdp.recording import Recorder
 
 POLL_INTERVAL_S = 5.0
-COMPONENT = "nvidia-device-plugin"
 
 
 class NodeConfigSettings(Struct, frozen=True):
@@ -110,15 +110,14 @@ class Chosen(Struct, frozen=True):
 
 class NodeConfig:
     def __init__(self, settings: NodeConfigSettings, on_change: Callable[[], None], log: logging.Logger, *,
-                 poll_interval_s: float = POLL_INTERVAL_S, record_events: bool = True,
-                 component: str = COMPONENT,
+                 poll_interval_s: float = POLL_INTERVAL_S, recorder: Recorder | None = None,
                  on_labels: Callable[[Mapping[str, str]], None] | None = None) -> None:
         self.settings = settings
         self._on_change = on_change
         self._log = log
         self._poll_interval_s = poll_interval_s
-        self._record_events = record_events
-        self._component = component
+        # The process's one Recorder: Events of the per-node choice go through its one writer.
+        self._recorder = recorder
         # Every label state of the Node, for owners that act on more than the config label (the
         # GPU labeller compares its labels with them): one watch serves both.
         self._on_labels = on_labels
@@ -127,7 +126,6 @@ class NodeConfig:
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         self._watcher: NodeWatcher | None = None
-        self._events: EventRecorder | None = None
 
     # --- following -----------------------------------------------------------------------------
 
@@ -146,22 +144,19 @@ class NodeConfig:
         self._poller.start()
 
     def _start_watch(self, node_name: str) -> None:
-        from nvdp.kube import EventRecorder, KubeConnectError, NodeWatcher, connect
+        from nvdp.kube import KubeConnectError, NodeWatcher, connect
 
         try:
             watch_client = connect(self.settings.kubeconfig)
-            event_client = connect(self.settings.kubeconfig)
         except KubeConnectError as err:
             self._log.error("cannot follow the node label %s: %s; using config.default and the fallback "
                             "strategies", self.settings.label_name, err)
             return
-        if self._record_events:
-            self._events = EventRecorder(event_client, node_name, component=self._component)
         first = threading.Event()
 
         def on_labels(node: NodeLabels) -> None:
-            if self._events is not None:
-                self._events.node_uid = node.uid
+            if self._recorder is not None:
+                self._recorder.node_seen(node.uid)
             with self._lock:
                 previous, self._labels = self._labels, dict(node.labels)
             if self._on_labels is not None:
@@ -246,5 +241,5 @@ class NodeConfig:
     def report(self, reason: str, message: str, *, warning: bool = True) -> None:
         """Log, and record an Event on the Node (deduplicated and rate limited by the recorder)."""
         (self._log.warning if warning else self._log.info)("%s: %s", reason, message)
-        if self._events is not None:
-            self._events.record("Warning" if warning else "Normal", reason, message)
+        if self._recorder is not None:
+            self._recorder.event(reason, message, warning=warning)

@@ -1,8 +1,12 @@
-"""Recording points: one call per thing worth counting, a no-op until metrics are switched on.
+"""What a process records: metrics and Node Events, through one `Recorder` built at start and passed in.
 
-The edges (gRPC server, health loop, signal handling, MPS gate and supervisor) call these; each is a
-few dictionary lookups, so Allocate stays cheap. Until `enable_plugin()` or `enable_mps_daemon()` runs,
-prometheus-client is not even imported: a plugin without `--metrics-address` pays nothing.
+The edges (gRPC server, health loop, signal handling, per-node config, MPS gate and supervisor) call
+its methods, one per thing worth counting or telling; each is a few dictionary lookups, so Allocate
+stays cheap. Metrics are off until `enable_metrics()` (`--metrics-address`): until then
+prometheus-client is not even imported, and a process without the flag pays nothing for them.
+Node Events go to the process's one writer (`attach_events`, nvdp.plugin.node_events.NodeEvents,
+which sends them on its own thread); without API access there is none and the log is all. The
+Recorder words the Events (what a kubectl user reads); the writer only sends them.
 """
 
 from __future__ import annotations
@@ -10,163 +14,270 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
-_series: ModuleType | None = None
-# Where Node Events go (nvdp.plugin.node_events.NodeEvents); None: no API access, the log is all.
-_events: Any = None
+from nvdp.text import short_list
 
 
-def enable() -> Any:
-    """Import the series (nvdp.metrics) and start recording; returns the module."""
-    global _series
-    if _series is None:
-        from nvdp import metrics
+class EventWriter(Protocol):
+    """Sends Events on the Node (nvdp.plugin.node_events.NodeEvents); must not block the caller."""
 
-        _series = metrics
-    return _series
+    def record(self, event_type: str, reason: str, message: str) -> None: ...
+
+    def node_seen(self, uid: str) -> None: ...
+
+    def close(self, timeout: float = 2.0) -> None: ...
+
+
+class Recorder:
+    """Metrics and Node Events of one process; every method is safe from any thread."""
+
+    def __init__(self, events: EventWriter | None = None) -> None:
+        self._series: ModuleType | None = None
+        self._events = events
+        # Allocate's labelled series per resource, looked up once: labels() takes a lock and builds a key.
+        self._allocate_series: dict[str, tuple[Any, Any, Any]] = {}
+        self._mps_waiting: set[str] = set()
+
+    # --- switches ----------------------------------------------------------------------------
+
+    def enable_metrics(self) -> ModuleType:
+        """Import the series (nvdp.metrics) and start recording them; returns the module."""
+        if self._series is None:
+            from nvdp import metrics
+
+            self._series = metrics
+        return self._series
+
+    @property
+    def metrics_enabled(self) -> bool:
+        return self._series is not None
+
+    def attach_events(self, events: EventWriter | None) -> None:
+        """Where Node Events go from now on; None: nowhere (the callers' log lines are all)."""
+        self._events = events
+
+    # --- Node Events -------------------------------------------------------------------------
+
+    def event(self, reason: str, message: str, *, warning: bool = True) -> None:
+        """An Event on the Node (Warning, or Normal with `warning=False`); the caller logs it too."""
+        if self._events is not None:
+            self._events.record("Warning" if warning else "Normal", reason, message)
+
+    def node_seen(self, uid: str) -> None:
+        """The Node's UID as its watcher read it, for the Events' involvedObject."""
+        if self._events is not None:
+            self._events.node_seen(uid)
+
+    def close(self) -> None:
+        """Send the Events still queued (a few seconds at most) and stop the writer; the process ends."""
+        events, self._events = self._events, None
+        if events is not None:
+            events.close()
+
+    # --- plugin ------------------------------------------------------------------------------
+
+    def resource_state(self, devices: Iterable[tuple[str, int, int]], registered: Iterable[str]) -> None:
+        """The advertised resources as (name, healthy, unhealthy), and which are registered; replaces all."""
+        m = self._series
+        if m is None:
+            return
+        m.DEVICES.clear()
+        m.RESOURCE_REGISTERED.clear()
+        names = set(registered)
+        for name, healthy, unhealthy in devices:
+            m.DEVICES.labels(name, "healthy").set(healthy)
+            m.DEVICES.labels(name, "unhealthy").set(unhealthy)
+            m.RESOURCE_REGISTERED.labels(name).set(1 if name in names else 0)
+
+    def registration(self, resource: str, ok: bool) -> None:
+        if self._series is not None:
+            self._series.REGISTRATIONS.labels(resource, "success" if ok else "failure").inc()
+
+    def kubelet_restart(self) -> None:
+        if self._series is not None:
+            self._series.KUBELET_RESTARTS.inc()
+
+    def _allocate_children(self, resource: str) -> tuple[Any, Any, Any]:
+        children = self._allocate_series.get(resource)
+        if children is None:
+            m = self._series
+            assert m is not None
+            children = (m.ALLOCATIONS.labels(resource), m.ALLOCATION_DEVICES.labels(resource),
+                        m.ALLOCATE_DURATION.labels(resource))
+            self._allocate_series[resource] = children
+        return children
+
+    def allocated(self, resource: str, devices: int) -> None:
+        if self._series is not None:
+            count, sizes, _ = self._allocate_children(resource)
+            count.inc()
+            sizes.observe(devices)
+
+    def allocation_refused(self, resource: str, reason: str) -> None:
+        if self._series is not None:
+            self._series.ALLOCATION_REFUSALS.labels(resource, reason).inc()
+
+    def allocate_duration(self, resource: str, seconds: float) -> None:
+        if self._series is not None:
+            self._allocate_children(resource)[2].observe(seconds)
+
+    def xid(self, gpu: str, code: int, action: str) -> None:
+        """`action`: "ignored" (not critical under the health settings), or "critical" (devices Unhealthy)."""
+        if self._series is not None:
+            self._series.XID_EVENTS.labels(gpu, str(code), action).inc()
+
+    def _reload(self, result: str, at: float) -> None:
+        if self._series is not None:
+            self._series.CONFIG_RELOADS.labels(result).inc()
+            self._series.CONFIG_LAST_RELOAD.labels(result).set(at)
+
+    def config_applied(self, source: str, change: str, changed: bool, at: float, notify: bool = True) -> None:
+        """A reload took effect; `changed`: a resource was added, removed or updated (Event if `notify`)."""
+        self._reload("applied", at)
+        if changed and notify:
+            self.event("ConfigApplied", f"configuration from {source} applied: {change}", warning=False)
+
+    def config_refused(self, error: str, at: float, notify: bool = True) -> None:
+        self._reload("refused", at)
+        if notify:
+            detail = " ".join(line.strip() for line in error.strip().splitlines()[:6])
+            self.event("ConfigRefused",
+                       f"new configuration refused, the previous one keeps serving: {detail}")
+
+    def devices_unhealthy(self, uuids: frozenset[str], reason: str) -> None:
+        """Health turned devices Unhealthy (the nvdp_devices gauge shows it at the next scrape)."""
+        self.event("GPUUnhealthy", f"{reason}: {short_list(sorted(uuids))} and the devices on them are "
+                   "Unhealthy; they stay so until the plugin reloads its config (SIGHUP) or restarts")
+
+    def config_active(self, source: str, entry: str) -> None:
+        if self._series is not None:
+            self._series.CONFIG_ACTIVE.clear()
+            self._series.CONFIG_ACTIVE.labels(source, entry).set(1)
+
+    def mps_ready(self, resource: str, ready: bool, reason: str = "") -> None:
+        """`reason`: what is missing and the fix, when not ready."""
+        if self._series is not None:
+            self._series.MPS_READY.labels(resource).set(1 if ready else 0)
+        if not ready:
+            self._mps_waiting.add(resource)
+            self.event("MPSDaemonNotReady", reason)
+        elif resource in self._mps_waiting:  # only the end of a wait is news
+            self._mps_waiting.discard(resource)
+            self.event("MPSDaemonReady", f"{resource}: the MPS control daemon answers; serving",
+                       warning=False)
+
+    def mps_gone(self, resource: str) -> None:
+        if self._series is not None:
+            with contextlib.suppress(KeyError):
+                self._series.MPS_READY.remove(resource)
+
+    # --- MPS control daemon --------------------------------------------------------------------
+
+    def mps_daemon_ready(self, resource: str, ready: bool) -> None:
+        if self._series is not None:
+            self._series.MPS_DAEMON_READY.labels(resource).set(1 if ready else 0)
+
+    def mps_daemon_start(self, resource: str, ok: bool) -> None:
+        if self._series is not None:
+            self._series.MPS_DAEMON_STARTS.labels(resource, "started" if ok else "failed").inc()
+
+    def mps_daemon_restart(self, resource: str) -> None:
+        if self._series is not None:
+            self._series.MPS_DAEMON_RESTARTS.labels(resource).inc()
+
+    def mps_command(self, resource: str, command: str, ok: bool) -> None:
+        if self._series is not None:
+            self._series.MPS_COMMANDS.labels(resource, command, "ok" if ok else "error").inc()
+
+
+# --- the process's default Recorder, for callers not yet given one -----------------------------------
+# Transitional: plugin/main.py, manager.py, server.py, health.py, mps_gate.py and mps/ still call
+# these module functions. They record into the default Recorder, which `default()` returns, so the
+# process still has one Recorder and one Event writer. Remove once every caller is passed its Recorder.
+
+_default = Recorder()
+
+
+def default() -> Recorder:
+    return _default
+
+
+def enable() -> ModuleType:
+    return _default.enable_metrics()
 
 
 def enabled() -> bool:
-    return _series is not None
+    return _default.metrics_enabled
 
 
-def set_events(events: Any) -> None:
-    global _events
-    _events = events
-
-
-# --- plugin -----------------------------------------------------------------------------------------
+def set_events(events: EventWriter | None) -> None:
+    _default.attach_events(events)
 
 
 def resource_state(devices: Iterable[tuple[str, int, int]], registered: Iterable[str]) -> None:
-    """The advertised resources as (name, healthy, unhealthy), and which are registered; replaces all."""
-    m = _series
-    if m is None:
-        return
-    m.DEVICES.clear()
-    m.RESOURCE_REGISTERED.clear()
-    names = set(registered)
-    for name, healthy, unhealthy in devices:
-        m.DEVICES.labels(name, "healthy").set(healthy)
-        m.DEVICES.labels(name, "unhealthy").set(unhealthy)
-        m.RESOURCE_REGISTERED.labels(name).set(1 if name in names else 0)
+    _default.resource_state(devices, registered)
 
 
 def registration(resource: str, ok: bool) -> None:
-    if _series is not None:
-        _series.REGISTRATIONS.labels(resource, "success" if ok else "failure").inc()
+    _default.registration(resource, ok)
 
 
 def kubelet_restart() -> None:
-    if _series is not None:
-        _series.KUBELET_RESTARTS.inc()
-
-
-# Allocate's labelled series per resource, looked up once: labels() takes a lock and builds a key.
-_allocate_series: dict[str, tuple[Any, Any, Any]] = {}
-
-
-def _allocate_children(resource: str) -> tuple[Any, Any, Any]:
-    children = _allocate_series.get(resource)
-    if children is None:
-        m = _series
-        assert m is not None
-        children = (m.ALLOCATIONS.labels(resource), m.ALLOCATION_DEVICES.labels(resource),
-                    m.ALLOCATE_DURATION.labels(resource))
-        _allocate_series[resource] = children
-    return children
+    _default.kubelet_restart()
 
 
 def allocated(resource: str, devices: int) -> None:
-    if _series is not None:
-        count, sizes, _ = _allocate_children(resource)
-        count.inc()
-        sizes.observe(devices)
+    _default.allocated(resource, devices)
 
 
 def allocation_refused(resource: str, reason: str) -> None:
-    if _series is not None:
-        _series.ALLOCATION_REFUSALS.labels(resource, reason).inc()
+    _default.allocation_refused(resource, reason)
 
 
 def allocate_duration(resource: str, seconds: float) -> None:
-    if _series is not None:
-        _allocate_children(resource)[2].observe(seconds)
+    _default.allocate_duration(resource, seconds)
 
 
 def xid(gpu: str, code: int, action: str) -> None:
-    """`action`: "ignored" (not critical under the health settings), or "critical" (devices Unhealthy)."""
-    if _series is not None:
-        _series.XID_EVENTS.labels(gpu, str(code), action).inc()
-
-
-def _reload(result: str, at: float) -> None:
-    if _series is not None:
-        _series.CONFIG_RELOADS.labels(result).inc()
-        _series.CONFIG_LAST_RELOAD.labels(result).set(at)
+    _default.xid(gpu, code, action)
 
 
 def config_applied(source: str, change: str, changed: bool, at: float, notify: bool = True) -> None:
-    """A reload took effect; `changed`: some resource was added, removed or updated (an Event if `notify`)."""
-    _reload("applied", at)
-    if _events is not None and changed and notify:
-        _events.config_applied(source, change)
+    _default.config_applied(source, change, changed, at, notify)
 
 
 def config_refused(error: str, at: float, notify: bool = True) -> None:
-    _reload("refused", at)
-    if _events is not None and notify:
-        _events.config_refused(error)
+    _default.config_refused(error, at, notify)
 
 
 def devices_unhealthy(uuids: frozenset[str], reason: str) -> None:
-    """Health turned devices Unhealthy (the nvdp_devices gauge shows it at the next scrape)."""
-    if _events is not None:
-        _events.devices_unhealthy(uuids, reason)
+    _default.devices_unhealthy(uuids, reason)
 
 
 def config_active(source: str, entry: str) -> None:
-    if _series is not None:
-        _series.CONFIG_ACTIVE.clear()
-        _series.CONFIG_ACTIVE.labels(source, entry).set(1)
+    _default.config_active(source, entry)
 
 
 def mps_ready(resource: str, ready: bool, reason: str = "") -> None:
-    """`reason`: what is missing and the fix, when not ready."""
-    if _series is not None:
-        _series.MPS_READY.labels(resource).set(1 if ready else 0)
-    if _events is not None:
-        if ready:
-            _events.mps_ready(resource)
-        else:
-            _events.mps_waiting(resource, reason)
+    _default.mps_ready(resource, ready, reason)
 
 
 def mps_gone(resource: str) -> None:
-    if _series is not None:
-        with contextlib.suppress(KeyError):
-            _series.MPS_READY.remove(resource)
-
-
-# --- MPS control daemon -----------------------------------------------------------------------------
+    _default.mps_gone(resource)
 
 
 def mps_daemon_ready(resource: str, ready: bool) -> None:
-    if _series is not None:
-        _series.MPS_DAEMON_READY.labels(resource).set(1 if ready else 0)
+    _default.mps_daemon_ready(resource, ready)
 
 
 def mps_daemon_start(resource: str, ok: bool) -> None:
-    if _series is not None:
-        _series.MPS_DAEMON_STARTS.labels(resource, "started" if ok else "failed").inc()
+    _default.mps_daemon_start(resource, ok)
 
 
 def mps_daemon_restart(resource: str) -> None:
-    if _series is not None:
-        _series.MPS_DAEMON_RESTARTS.labels(resource).inc()
+    _default.mps_daemon_restart(resource)
 
 
 def mps_command(resource: str, command: str, ok: bool) -> None:
-    if _series is not None:
-        _series.MPS_COMMANDS.labels(resource, command, "ok" if ok else "error").inc()
+    _default.mps_command(resource, command, ok)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import signal
 import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -85,7 +88,8 @@ def test_probes_follow_registration(make_plugin: MakePlugin, plugin_dir: Path) -
     plugin.start()
     plugin.wait_for_log("not registered with the kubelet yet")
     body = wait_for_http(port, "/readyz", 503)
-    assert "nvidia.com/gpu: not registered with the kubelet yet" in body
+    assert f"kubelet: its socket {plugin_dir / 'kubelet.sock'} is absent" in body
+    assert "nvidia.com/gpu: not registered (no kubelet)" in body
     # Unready but live: the kubelet being away is no reason to restart the plugin.
     body = wait_for_http(port, "/healthz", 200)
     assert "server nvidia.com/gpu: ok" in body and "health loop: ok" in body
@@ -154,4 +158,82 @@ def test_active_config_names_the_per_node_entry(make_plugin: MakePlugin, kubelet
     kubelet.wait_for_resource("nvidia.com/gpu", count=2, timeout=10)
     samples = scrape(port)
     assert value(samples, "nvdp_config_active", source=str(entries / "shared"), entry="shared") == 1
+    assert plugin.stop() == 0
+
+
+@contextmanager
+def slow_and_idle_clients(port: int, idle: int) -> Iterator[None]:
+    """One client sending a request a byte at a time and `idle` connected clients sending nothing,
+    each opened again whenever the server drops it, until the block ends."""
+    stop = threading.Event()
+
+    def dribble() -> None:
+        while not stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+                    for byte in b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n":
+                        if stop.wait(0.5):
+                            return
+                        conn.send(bytes([byte]))
+            except OSError:
+                continue  # dropped: come back
+
+    def stay_idle() -> None:
+        while not stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+                    conn.settimeout(0.2)
+                    while not stop.is_set():
+                        try:
+                            if not conn.recv(1):
+                                break  # dropped: come back
+                        except TimeoutError:
+                            continue
+            except OSError:
+                continue
+
+    threads = [threading.Thread(target=dribble)] + [threading.Thread(target=stay_idle) for _ in range(idle)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+
+
+def test_slow_and_idle_clients_do_not_keep_the_probes_from_answering(make_plugin: MakePlugin,
+                                                                    kubelet: KubeletSim) -> None:
+    port = free_port()
+    plugin, _node = make_plugin("t4", HEALTH_ADDRESS=f"127.0.0.1:{port}")
+    plugin.start()
+    kubelet.wait_for_resource("nvidia.com/gpu", count=1, timeout=10)
+    wait_for_http(port, "/readyz", 200)
+    answers: list[int | str] = []
+    with slow_and_idle_clients(port, idle=20):
+        for _ in range(7):  # the kubelet's probe: a 5 s timeout
+            try:
+                answers.append(get(port, "/readyz")[0])
+            except OSError as err:
+                answers.append(f"{type(err).__name__}: {err}")
+            threading.Event().wait(0.5)
+    assert answers == [200] * 7
+    assert plugin.stop() == 0
+
+
+def test_not_ready_while_the_kubelet_socket_is_gone(make_plugin: MakePlugin, kubelet: KubeletSim) -> None:
+    port = free_port()
+    plugin, _node = make_plugin("t4", HEALTH_ADDRESS=f"127.0.0.1:{port}")
+    plugin.start()
+    kubelet.wait_for_resource("nvidia.com/gpu", count=1, timeout=10)
+    wait_for_http(port, "/readyz", 200)
+    kubelet.stop()  # kubelet.sock removed
+    body = wait_for_http(port, "/readyz", 503, timeout=5)
+    assert f"kubelet: its socket {kubelet.socket_path} is absent (kubelet not running" in body
+    assert "nvidia.com/gpu: not registered (no kubelet)" in body
+    assert wait_for_http(port, "/healthz", 200).startswith("live")  # unready, never dead
+    kubelet.start()
+    kubelet.wait_for_resource("nvidia.com/gpu", count=1, timeout=10)
+    assert "nvidia.com/gpu: registered" in wait_for_http(port, "/readyz", 200)
     assert plugin.stop() == 0

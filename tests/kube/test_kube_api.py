@@ -182,6 +182,26 @@ def test_events_show_in_describe_node_and_are_deduplicated_and_rate_limited(kube
     assert "UnknownConfig" in described and "label names 'xx'" in described
 
 
+def test_routine_events_never_use_up_what_a_problem_needs(kube_api: ControlPlane,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    node = unique("starve")
+    kube_api.create_node(node)
+    uid = get_node_labels(connect(kube_api.admin_kubeconfig), node).uid
+    recorder = EventRecorder(connect(kube_api.admin_kubeconfig), node, node_uid=uid, clock=lambda: 0.0)
+    # A busy minute of label switches: more ConfigApplied than any burst allows.
+    applied = [recorder.normal("ConfigApplied", f"now serving entry-{i}") for i in range(8)]
+    assert applied.count(True) == 5 and applied[-1] is False
+    dropped = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert dropped[0] == (f"ConfigApplied events on node {node} reached their limit (5, then one every 60s); "
+                          "not recorded: Normal: now serving entry-5")
+    assert len(dropped) == 3
+    # Then the problems: each still reaches the Node.
+    assert recorder.warning("InvalidConfig", "config entry 'broken' is not valid YAML")
+    assert recorder.warning("UnknownConfig", "the node label names 'tme-slicing'; entries: plain, shared")
+    warnings = {str(e["reason"]) for e in node_events(kube_api, node) if e["type"] == "Warning"}
+    assert warnings == {"InvalidConfig", "UnknownConfig"}
+
+
 def test_patch_sets_and_removes_only_nvidia_labels(kube_api: ControlPlane) -> None:
     node = unique("patch")
     kube_api.create_node(node, {"example.com/keep": "yes"})

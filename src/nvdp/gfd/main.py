@@ -31,6 +31,7 @@ from nvdp.gfd.options import GFD_ENV_VARS, ProcessOptions, parse_duration, parse
 from nvdp.gfd.publish import FileOutput, NodeFeatureOutput, NodeOutput, Output
 from nvdp.inventory.model import Inventory
 from nvdp.nodeconfig import Chosen, NodeConfig
+from nvdp.recording import Recorder
 from nvdp.runloop import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Inbox, Wake, Wakes
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -240,10 +241,15 @@ def run(opts: ProcessOptions, env: Mapping[str, str]) -> int:
     node_config = None
     watcher = None
     loader = ConfigLoader(opts, env)
+    recorder = Recorder()
     try:
         if opts.node_config is not None:
+            from nvdp.plugin.node_events import NodeEvents
+
+            recorder.attach_events(NodeEvents.from_env(env, log, component="gpu-feature-discovery",
+                                                       node_name=opts.node_name, kubeconfig=opts.kubeconfig))
             node_config = NodeConfig(opts.node_config, lambda: inbox.post(Wake.NODE_CONFIG), log,
-                                     component="gpu-feature-discovery", on_labels=on_labels)  # fmt: skip
+                                     recorder=recorder, on_labels=on_labels)  # fmt: skip
             node_config.start()
         rule = NodeConfigRule(node_config, node_config.report if node_config is not None else _log_only, log)
         try:
@@ -292,6 +298,7 @@ def run(opts: ProcessOptions, env: Mapping[str, str]) -> int:
             watcher.stop()
         if node_config is not None:
             node_config.stop()
+        recorder.close()
 
 
 def _log_only(reason: str, message: str, *, warning: bool = True) -> None:

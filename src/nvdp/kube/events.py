@@ -1,8 +1,12 @@
 """Record Kubernetes Events on the Node (`kubectl describe node` lists them).
 
 Writes are the fleet's cost, so the recorder drops an event equal (type, reason, message) to one it
-recorded within `dedupe_window_s`, and allows at most `burst` events, refilled one per `refill_s`.
-Failures are logged and forgotten: an Event is a courtesy, never a reason to stop serving.
+recorded within `dedupe_window_s`, and allows at most `burst` events of each reason, refilled one per
+`refill_s`. The limit is per reason so that routine Normal events (a config applied on every label
+switch) never use up what a problem needs: an invalid config or a mistyped label always reaches the
+Node unless the same problem was just recorded. An event dropped by the limit is logged at WARNING
+with its message, so it is never lost without a trace. Failures to write are logged and forgotten:
+an Event is a courtesy, never a reason to stop serving.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ class EventRecorder:
         self._burst = burst
         self._refill_s = refill_s
         self._clock = clock
-        self._tokens = float(burst)
-        self._filled_at = clock()
+        # reason -> (tokens left, when last refilled); reasons are a fixed set of words, so it stays small
+        self._buckets: dict[str, tuple[float, float]] = {}
         self._recent: dict[tuple[str, str, str], float] = {}
         self._lock = threading.Lock()
         self.suppressed = 0
@@ -61,13 +65,16 @@ class EventRecorder:
             if key in self._recent:
                 self.suppressed += 1
                 return False
-            self._tokens = min(self._burst, self._tokens + (now - self._filled_at) / self._refill_s)
-            self._filled_at = now
-            if self._tokens < 1:
+            tokens, filled_at = self._buckets.get(reason, (float(self._burst), now))
+            tokens = min(self._burst, tokens + (now - filled_at) / self._refill_s)
+            if tokens < 1:
+                self._buckets[reason] = (tokens, now)
                 self.suppressed += 1
-                log.debug("event rate limit reached; not recording %s: %s", reason, message)
+                log.warning("%s events on node %s reached their limit (%d, then one every %gs); "
+                            "not recorded: %s: %s", reason, self.node_name, self._burst, self._refill_s,
+                            event_type, message)
                 return False
-            self._tokens -= 1
+            self._buckets[reason] = (tokens - 1, now)
             self._recent[key] = now
         return self._create(event_type, reason, message)
 

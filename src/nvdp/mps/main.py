@@ -325,9 +325,8 @@ def run(args: argparse.Namespace) -> int:
                           err.strerror or err)
                 return 1
         try:
-            # The plugin records the Events for this node; the daemon only logs.
-            node_config = follow(args, os.environ, lambda: inbox.post(Wake.NODE_CONFIG), log,
-                                 record_events=False, component=PROG)
+            # The plugin records the Events for this node; the daemon only logs (no recorder).
+            node_config = follow(args, os.environ, lambda: inbox.post(Wake.NODE_CONFIG), log)
             rule = NodeConfigRule(node_config, node_config.report if node_config else _log_only, log)
             rule.start(process.switch)
         except (ConfigRefused, SelectionError, CannotStart) as err:

@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from nvdp.plugin.health import HealthMonitor
     from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
     from nvdp.plugin.manager import PluginManager
-    from nvdp.plugin.node_events import NodeEvents
 
 # How long the first health start waits for the resources' first registration attempts (an MPS gate
 # may hold a resource back for much longer; health checking does not wait for that).
@@ -74,9 +73,11 @@ class PluginProcess:
         # Why the plugin does not serve yet, for /readyz; None once it serves (or knowingly serves nothing).
         self.not_serving_reason: str | None = "starting"
         self.endpoints: list[HttpEndpoints] = []
-        self.events: NodeEvents | None = None
         self.node_config: NodeConfig | None = None
         self.rule: NodeConfigRule | None = None
+        # The process's one Recorder (metrics and Node Events); every part that records is given it.
+        self.recorder = recording.default()
+        self.source = ""  # where the config in force came from
         self._why = "Received SIGHUP"
 
     # --- putting a config in force (the `switch` of nvdp.nodechoice) ----------------------------
@@ -85,7 +86,9 @@ class PluginProcess:
         path = chosen.path if chosen is not None else None
         config = load_config(self.args, self.env, path, per_node=self.node_config is not None)
         self.log.info("Configuration from %s%s", config.source, f", {chosen.describe()}" if chosen else "")
-        return prepare(config)
+        prepared = prepare(config)
+        self.source = config.source
+        return prepared
 
     def start_with(self, chosen: Chosen | None) -> None:
         """The first config: serve it, or raise ConfigRefused (invalid) / NvmlMissing as they are."""
@@ -107,17 +110,17 @@ class PluginProcess:
         try:
             prepared = self.prepare(chosen)
         except (StartupError, NvmlMissing) as err:
-            recording.config_refused(str(err), time.time(), notify=notify)
+            self.recorder.config_refused(str(err), time.time(), notify=notify)
             raise ConfigRefused(str(err)) from None
         except Exception as err:  # whatever went wrong, a reload must not take a serving plugin down
             error = f"{type(err).__name__}: {err}"
-            recording.config_refused(error, time.time(), notify=notify)
+            self.recorder.config_refused(error, time.time(), notify=notify)
             self.log.exception("Reload failed unexpectedly (%s); still serving the previous configuration",
                                error)
             raise ConfigRefused(error) from None
         if self.manager is None:
-            recording.config_applied(prepared.config.source, "first configuration served", True, time.time(),
-                                     notify=notify)
+            self.recorder.config_applied(prepared.config.source, "first configuration served", True,
+                                         time.time(), notify=notify)
             self.serve(prepared)
             return
         self.apply(prepared, notify)
@@ -131,8 +134,8 @@ class PluginProcess:
         diff = self.manager.apply(prepared.plan, prepared.config, prepared.inventory)
         self.log.info("Reload applied: %s", diff.describe())
         changed = bool(diff.added or diff.removed or diff.changed or diff.restarted)
-        recording.config_applied(prepared.config.source, diff.describe(), changed, time.time(), notify=notify)
-        recording.config_active(prepared.config.source, self.entry())
+        self.recorder.config_applied(prepared.config.source, diff.describe(), changed, time.time(),
+                                     notify=notify)
         self.watch_kubelet(prepared.config)
         self.start_health(prepared)
         if not prepared.plan.resources:
@@ -156,7 +159,6 @@ class PluginProcess:
         self.manager.wait_first_attempts(HEALTH_AFTER_REGISTERING_S)
         self.start_health(prepared)
         self.not_serving_reason = None
-        recording.config_active(prepared.config.source, self.entry())
         if not prepared.plan.resources:
             self.log.info("No devices found. Waiting indefinitely.")
         settle_heap(collect=False)
@@ -173,7 +175,7 @@ class PluginProcess:
         assert manager is not None
 
         def kubelet_restarted() -> None:
-            recording.kubelet_restart()
+            self.recorder.kubelet_restart()
             manager.kubelet_restarted()
 
         self.watcher = KubeletSocketWatcher(path, kubelet_restarted, self.log)
@@ -190,9 +192,10 @@ class PluginProcess:
                                     manager.mark_unhealthy, self.log)
         self.health.start()
 
-    def entry(self) -> str:
-        """The per-node config entry in force ("" with a single config file)."""
-        return self.rule.entry if self.rule is not None else ""
+    def record_active(self) -> None:
+        """The config in force, for nvdp_config_active (once the per-node rule has taken it)."""
+        if self.source and self.rule is not None:
+            self.recorder.config_active(self.source, self.rule.entry)
 
     # --- the process -------------------------------------------------------------------------
 
@@ -201,7 +204,8 @@ class PluginProcess:
         from nvdp.nodechoice import NodeConfigRule
         from nvdp.nodeconfig import follow
 
-        self.node_config = follow(self.args, self.env, lambda: inbox.post(Wake.NODE_CONFIG), self.log)
+        self.node_config = follow(self.args, self.env, lambda: inbox.post(Wake.NODE_CONFIG), self.log,
+                                  recorder=self.recorder)
         report = self.node_config.report if self.node_config is not None else None
         self.rule = NodeConfigRule(self.node_config, report or (lambda *a, **k: None), self.log)
 
@@ -214,6 +218,7 @@ class PluginProcess:
             self.start_node_config(inbox)
             assert self.rule is not None
             self.rule.start(self.start_with)
+            self.record_active()
         except (StartupError, ConfigRefused, SelectionError) as err:
             self.log.error("%s", err)
             return EXIT_FAILED
@@ -231,25 +236,24 @@ class PluginProcess:
 
     def on_wake(self, wakes: Wakes) -> int | None:
         assert self.rule is not None
-        if Wake.RELOAD in wakes:
-            self._why = "Received SIGHUP"
-            self.rule.again(self.reload, forced=True)
-        elif Wake.NODE_CONFIG in wakes:  # a burst of label or entry changes re-plans once
-            self._why = "Node config changed"
-            self.rule.again(self.reload, forced=False)
+        if Wake.RELOAD in wakes or Wake.NODE_CONFIG in wakes:  # a burst of changes re-plans once
+            forced = Wake.RELOAD in wakes
+            self._why = "Received SIGHUP" if forced else "Node config changed"
+            if self.rule.again(self.reload, forced=forced):
+                self.record_active()
         return None
 
     def run(self, inbox: Inbox) -> int:
         from nvdp.plugin import observe
         from nvdp.plugin.node_events import NodeEvents
+        from nvdp.plugin.state import ServingView
 
         try:
-            self.endpoints = observe.start(self, self.args, self.log)
+            self.endpoints = observe.start(ServingView(self), self.args, self.log, self.recorder)
         except OSError as err:
             self.log.error("%s; choose another port (--metrics-address / --health-address)", err)
             return EXIT_FAILED
-        self.events = NodeEvents.from_env(self.env, self.log)
-        recording.set_events(self.events)
+        self.recorder.attach_events(NodeEvents.from_env(self.env, self.log))
         try:
             failed = self.start(inbox)
             return failed if failed is not None else run(inbox, self.on_wake, self.log)
@@ -259,9 +263,7 @@ class PluginProcess:
     def shutdown(self) -> None:
         for endpoint in self.endpoints:
             endpoint.stop()
-        if self.events is not None:
-            recording.set_events(None)
-            self.events.close()
+        self.recorder.close()
         if self.node_config is not None:
             self.node_config.stop()
         if self.health is not None:

@@ -11,14 +11,12 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from nvdp import recording
 from nvdp.endpoints import HttpEndpoints, Response, Route, parse_address
 from nvdp.plugin.probes import Check, liveness, readiness
-
-if TYPE_CHECKING:
-    from nvdp.plugin.main import PluginProcess
+from nvdp.plugin.state import PluginState
+from nvdp.recording import Recorder
 
 METRICS_ADDRESS_ENV = "METRICS_ADDRESS"
 HEALTH_ADDRESS_ENV = "HEALTH_ADDRESS"
@@ -71,60 +69,60 @@ def server_answers(socket_path: str) -> str | None:
 class PluginEndpoints:
     """Answers the probes and scrapes from the running plugin's state."""
 
-    def __init__(
-        self, process: PluginProcess, call_server: Callable[[str], str | None] = server_answers
-    ) -> None:
-        self._process = process
+    def __init__(self, state: PluginState, recorder: Recorder,
+                 call_server: Callable[[str], str | None] = server_answers) -> None:
+        self._state = state
+        self._recorder = recorder
         self._call_server = call_server
 
     def readyz(self) -> Response:
-        process = self._process
-        manager = process.manager
-        if manager is None:  # not serving yet, or knowingly nothing (no NVML, failOnInitError false)
-            return readiness(process.not_serving_reason, [])
-        return readiness(None, manager.resource_status())
+        state = self._state
+        reason = state.not_serving()
+        if reason is not None:
+            return readiness(reason, [])
+        kubelet = state.kubelet_socket()
+        absent = None
+        if kubelet is not None and not os.path.exists(kubelet):
+            absent = (f"its socket {kubelet} is absent (kubelet not running, or restarting); the "
+                      "resources register when it is back")
+        return readiness(None, state.resources(), absent)
 
     def healthz(self) -> Response:
+        state = self._state
         checks: list[Check] = []
-        manager = self._process.manager
-        if manager is not None:
-            stuck = None if manager.responsive(LOCK_TIMEOUT_S) else f"lock held for over {LOCK_TIMEOUT_S:g}s"
-            checks.append(Check("manager", stuck))
-            for name, socket_path in manager.sockets():
-                # No socket: not started yet (held by a gate, retrying), or removed by a restarting
-                # kubelet and being replaced; neither is a hang.
-                if os.path.exists(socket_path):
-                    checks.append(Check(f"server {name}", self._call_server(socket_path)))
-        health = self._process.health
-        if health is not None:
-            checks.append(Check("health loop", health.stalled(time.monotonic())))
+        responsive = state.responsive(LOCK_TIMEOUT_S)
+        if responsive is not None:
+            checks.append(Check("manager", None if responsive else f"lock held for over {LOCK_TIMEOUT_S:g}s"))
+        for name, socket_path in state.server_sockets():
+            # No socket: not started yet (held by a gate, retrying), or removed by a restarting
+            # kubelet and being replaced; neither is a hang.
+            if os.path.exists(socket_path):
+                checks.append(Check(f"server {name}", self._call_server(socket_path)))
+        if responsive is not None:
+            checks.append(Check("health loop", state.health_stalled(time.monotonic())))
         return liveness(checks)
 
     def metrics(self) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        series = recording.enable()
-        manager = self._process.manager
-        if manager is not None:
-            plan = manager.plan
-            devices = [
-                (r.name, sum(d.healthy for d in r.devices), sum(not d.healthy for d in r.devices))
-                for r in plan.resources
-            ]
-            recording.resource_state(devices, manager.registered)
+        series = self._recorder.enable_metrics()
+        resources = self._state.resources()
+        self._recorder.resource_state([(r.name, r.healthy, r.unhealthy) for r in resources],
+                                      [r.name for r in resources if r.registered])
         return Response(200, generate_latest(series.PLUGIN), CONTENT_TYPE_LATEST)
 
 
-def start(process: PluginProcess, args: argparse.Namespace, log: logging.Logger) -> list[HttpEndpoints]:
+def start(state: PluginState, args: argparse.Namespace, log: logging.Logger,
+          recorder: Recorder) -> list[HttpEndpoints]:
     """Start the servers the flags ask for; OSError (port taken) propagates with the address in it."""
-    endpoints = PluginEndpoints(process)
+    endpoints = PluginEndpoints(state, recorder)
     probes: dict[str, Route] = {"/healthz": endpoints.healthz, "/readyz": endpoints.readyz}
     wanted: dict[str, dict[str, Route]] = {}
     # getattr: a process built from a bare Namespace (tests, embedding) serves nothing.
     metrics_address = getattr(args, "metrics_address", None)
     health_address = getattr(args, "health_address", None)
     if metrics_address:
-        recording.enable()
+        recorder.enable_metrics()
         wanted[metrics_address] = {**probes, "/metrics": endpoints.metrics}
     if health_address:
         wanted.setdefault(health_address, {}).update(probes)

@@ -1,8 +1,10 @@
 """What /readyz and /healthz answer, as plain functions of the plugin's state.
 
-Ready: every planned resource is registered with the kubelet, or is an MPS resource waiting for its
-control daemon (the plugin is doing what it should; the reason is in the body, the
-`nvdp_mps_daemon_ready` series and a Node Event). A node without GPUs plans nothing and is ready.
+Ready: the kubelet's socket is there and every planned resource is registered with the kubelet, or
+is an MPS resource waiting for its control daemon (the plugin is doing what it should; the reason is
+in the body, the `nvdp_mps_daemon_ready` series and a Node Event). A kubelet whose socket is gone
+(stopped, or restarting) has forgotten the plugin's resources: not ready until they are registered
+again. A node without GPUs plans nothing and is ready.
 Live: the manager answers (no deadlock), every started gRPC server answers a call on its socket,
 and the health loop woke up recently. A kubelet that is away makes the plugin unready, never dead:
 restarting the plugin would not bring the kubelet back.
@@ -21,6 +23,8 @@ class ResourceStatus(Struct, frozen=True):
     name: str
     registered: bool
     waiting: str | None = None  # why an MPS resource is held back, while it is
+    healthy: int = 0  # devices advertised healthy
+    unhealthy: int = 0
 
 
 class Check(Struct, frozen=True):
@@ -28,14 +32,21 @@ class Check(Struct, frozen=True):
     problem: str | None = None  # None: fine
 
 
-def readiness(state: str | None, resources: Sequence[ResourceStatus]) -> Response:
-    """`state`: None once serving; else why the plugin is not serving yet ("starting")."""
+def readiness(state: str | None, resources: Sequence[ResourceStatus], kubelet_absent: str | None = None
+              ) -> Response:
+    """`state`: None once serving; else why the plugin is not serving yet ("starting").
+    `kubelet_absent`: why the kubelet cannot be reached (its socket is gone), else None."""
     if state is not None:
         return Response(503, f"not ready: {state}\n".encode())
     lines = []
     ready = True
+    if kubelet_absent is not None and resources:
+        ready = False
+        lines.append(f"kubelet: {kubelet_absent}")
     for resource in resources:
-        if resource.registered:
+        if kubelet_absent is not None:
+            lines.append(f"{resource.name}: not registered (no kubelet)")
+        elif resource.registered:
             lines.append(f"{resource.name}: registered")
         elif resource.waiting:
             lines.append(f"{resource.name}: {resource.waiting}")
