@@ -196,7 +196,7 @@ class Doctor:
         return self._runtime_on_host()
 
     def _runtime_in_container(self) -> Finding:
-        from nvdp.plugin.server import container_dev_root
+        from nvdp.plugin.servicer import container_dev_root
 
         title = "the container runtime injected the NVIDIA driver"
         ctl = Path(container_dev_root(self.config)) / "dev" / "nvidiactl"
@@ -283,8 +283,8 @@ class Doctor:
             return None
 
     def registration(self) -> Finding:
-        from nvdp.plugin.observe import server_answers
-        from nvdp.plugin.server import socket_path_for
+        from nvdp.plugin.grpc_client import server_answers
+        from nvdp.plugin.owned_socket import socket_path_for
 
         title = "the plugin serves and is registered"
         if self.plan is None:

@@ -174,7 +174,7 @@ class PluginProcess:
 
     def make_plan(self, config: Config, inventory: Inventory) -> Plan:
         from nvdp.plan import PlanError, plan
-        from nvdp.plugin.server import oversized
+        from nvdp.plugin.wire import oversized
 
         try:
             planned = plan(config, inventory)
