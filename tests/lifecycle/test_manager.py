@@ -13,6 +13,7 @@ from nvdp.config.model import Config, Flags, PluginFlags
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan, PlannedDevice, PlannedResource
 from nvdp.plugin.manager import PlanDiff, PluginManager, diff_plans
+from nvdp.plugin.owned_socket import SocketState
 
 from .fakes import gpu, inventory
 
@@ -65,6 +66,9 @@ class FakeServer:
             raise RuntimeError("socket directory missing")
         self.started, self.stopped = True, False
         Path(self.socket_path).write_text("")
+
+    def socket_state(self) -> SocketState:
+        return "ours" if Path(self.socket_path).exists() else "gone"
 
     def register(self, kubelet_socket: str, timeout: float = 5.0) -> None:
         if not Path(kubelet_socket).exists():

@@ -39,6 +39,8 @@ __all__ = ["GateFactory", "PlanDiff", "PluginManager", "ReadinessGate", "Resourc
 
 RETRY_INTERVAL_S = 2.0
 REGISTER_TIMEOUT_S = 5.0
+# How often a registered resource checks that its socket is still in place (one stat).
+SOCKET_CHECK_S = 1.0
 STOP_TIMEOUT_S = 5.0
 # A health event's log line waits at most this long for the kubelet's stream to send the new list.
 _LOG_AFTER_DELIVERY_S = 0.05
@@ -108,6 +110,7 @@ class PluginManager:
         gate_factory: GateFactory = default_gate_factory,
         retry_interval_s: float = RETRY_INTERVAL_S,
         register_timeout_s: float = REGISTER_TIMEOUT_S,
+        socket_check_s: float = SOCKET_CHECK_S,
     ) -> None:
         self._config = config
         self._inventory = inventory
@@ -116,6 +119,7 @@ class PluginManager:
         self._gate_factory = gate_factory
         self._retry_interval_s = retry_interval_s
         self._register_timeout_s = register_timeout_s
+        self._socket_check_s = socket_check_s
         self._lock = threading.RLock()
         self._plan = Plan()
         self._resources: dict[str, RunningResource] = {}
@@ -256,6 +260,7 @@ class PluginManager:
             resource, self._config, self._inventory, self._log,
             server_factory=self._server_factory, gate_factory=self._gate_factory,
             retry_interval_s=self._retry_interval_s, register_timeout_s=self._register_timeout_s,
+            socket_check_s=self._socket_check_s,
         )
 
 
