@@ -319,3 +319,13 @@ def test_stopping_a_server_does_not_hold_up_health_updates(tmp_path: Path, book:
         release.set()
         remover.join(10)
     m.stop()
+
+
+def test_only_an_mps_gate_coming_or_going_restarts_a_resource() -> None:
+    plain = resource("nvidia.com/gpu", device(0), device(1))
+    sliced = resource("nvidia.com/gpu", device(0, 0), device(0, 1), sharing="time-slicing")
+    mps = replace(sliced, sharing="mps")
+    assert diff_plans(Plan(resources=(plain,)), Plan(resources=(sliced,))).changed == ("nvidia.com/gpu",)
+    assert diff_plans(Plan(resources=(sliced,)), Plan(resources=(plain,))).changed == ("nvidia.com/gpu",)
+    for old, new in ((plain, mps), (mps, plain), (sliced, mps), (mps, sliced)):
+        assert diff_plans(Plan(resources=(old,)), Plan(resources=(new,))).restarted == ("nvidia.com/gpu",)

@@ -68,3 +68,24 @@ def test_an_older_instance_serves_again_when_the_newer_one_dies(death: str) -> N
         assert kubelet.registrations_of(GPU) == 3
         assert older.registered == {GPU}
         assert server_answers(socket_path) is None
+
+
+def test_switching_between_plain_and_time_slicing_keeps_the_stream_and_the_registration() -> None:
+    """The device list changes through the open ListAndWatch stream: no restart, no re-registration."""
+    with short_dir() as directory, DialingKubelet(directory) as kubelet, serving(directory) as manager:
+        kubelet.wait_for_resource(GPU, count=8, timeout=10)
+        socket_path = manager.sockets()[0][1]
+        served_by = os.lstat(socket_path).st_ino
+        for _ in range(5):
+            for replicas, count in ((2, 16), (1, 8)):
+                switched, chosen = planned(directory, replicas)
+                diff = manager.apply(switched, chosen)
+                assert diff.changed == (GPU,), diff.describe()
+                devices = kubelet.wait_for_resource(GPU, count=count, timeout=5)
+                one = devices[-1]["id"]
+                assert ("::" in one) == (replicas > 1)
+                kubelet.allocate(GPU, [[one]])
+        assert kubelet.registrations_of(GPU) == 1
+        assert [e for e in kubelet.events if e["type"] == "disconnected"] == []
+        assert len([e for e in kubelet.events if e["type"] == "devices"]) == 11  # the first list, 10 switches
+        assert os.lstat(socket_path).st_ino == served_by

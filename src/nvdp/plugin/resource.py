@@ -1,8 +1,9 @@
 """One planned resource as the plugin runs it: its gRPC server, MPS readiness gate, health and registration.
 
 A `RunningResource` is made for one PlannedResource under one config and inventory and is never
-rebuilt in place: when the sharing strategy or a setting its server or gate was built with changes,
-the manager stops it and makes a new one. Device lists (health included) change through `update()`.
+rebuilt in place: when it gains or loses its MPS gate, or a setting its server was built with
+changes, the manager stops it and makes a new one. Device lists, health and a switch between plain
+and time-slicing change through `update()`: the open ListAndWatch stream sends the new list.
 
 Its own thread does the slow work, so no caller waits on the kubelet or the MPS daemon: wait for the
 gate, start the server, register, and again whenever `kick()` says the kubelet restarted. A failing
@@ -147,8 +148,10 @@ class RunningResource:
             self._thread.start()
 
     def update(self, resource: PlannedResource) -> None:
-        """New devices or health for the same resource; open streams resend the list."""
+        """New devices, health or sharing (not to or from MPS) for the same resource; open streams
+        resend the list."""
         with self._lock:
+            self.sharing = resource.sharing
             self._planned = resource
             self._push()
 
