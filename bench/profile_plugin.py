@@ -193,7 +193,7 @@ def profile_allocate(calls: int) -> None:
     server = ResourceServer(resource, config, inventory, logger=logging.getLogger("nvidia-device-plugin"))
     one = pb.ContainerAllocateRequest(devices_ids=[resource.devices[0].id])
     request = pb.AllocateRequest(container_requests=[one])
-    handler = server._allocate  # the servicer method, without gRPC
+    handler = server.service.Allocate  # the servicer method, without gRPC
     for _ in range(100):
         handler(request, None)
     t0 = time.perf_counter()

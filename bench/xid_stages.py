@@ -66,9 +66,9 @@ atexit.register(lambda: json.dump(STAMPS, open(os.environ["XID_STAMPS"], "w")))
 """
 
 _NVDP = _STAMPS + r"""
-from nvdp.plugin import server
+from nvdp.plugin import server, servicer
 stamp_entry(server.ResourceServer, "update", "B")
-stamp_stream(server.ResourceServer, "_stream")
+stamp_stream(servicer.DevicePluginServicer, "_stream")
 from nvdp.plugin.main import main
 sys.exit(main())
 """

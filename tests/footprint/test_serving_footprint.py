@@ -163,17 +163,17 @@ def test_allocate_allocates_little_and_keeps_nothing(tmp_path: Path) -> None:
         container_requests=[pb.ContainerAllocateRequest(devices_ids=[resource.devices[0].id])]
     )
     try:
-        first = server._allocate(request, None)
+        first = server.service.Allocate(request, None)
         gc.collect()
         blocks_before = sys.getallocatedblocks()
         for _ in range(ALLOCATES):
-            assert server._allocate(request, None) is first  # the plan's answer, not a new one
+            assert server.service.Allocate(request, None) is first  # the plan's answer, not a new one
         gc.collect()
         kept_blocks = sys.getallocatedblocks() - blocks_before
         tracemalloc.start()
-        server._allocate(request, None)
+        server.service.Allocate(request, None)
         tracemalloc.reset_peak()
-        server._allocate(request, None)
+        server.service.Allocate(request, None)
         current, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     finally:

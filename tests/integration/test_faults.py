@@ -16,7 +16,7 @@ from nvdp.config.loader import load_config
 from nvdp.kubelet_sim import KubeletSim
 from nvdp.plan import plan
 from nvdp.plugin.api import deviceplugin_pb2 as pb
-from nvdp.plugin.server import pb_grpc
+from nvdp.plugin.wire import pb_grpc
 
 from .conftest import MakePlugin
 

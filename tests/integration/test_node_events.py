@@ -98,8 +98,8 @@ def test_xid_reload_refusal_and_mps_wait_are_events_on_the_node(
     )
     plugin.signal(signal.SIGHUP)
     applied = wait_for_event(kube_api, node_name, "ConfigApplied")
-    # Time-slicing on a served resource: the plan diff rebuilds its server.
-    assert applied["message"] == f"configuration from {config} applied: restarted nvidia.com/gpu"
+    # Time-slicing on a served resource: the running resource is updated in place.
+    assert applied["message"] == f"configuration from {config} applied: updated nvidia.com/gpu"
 
     described = kube_api.kubectl("describe", "node", node_name).stdout
     for reason in ("GPUUnhealthy", "ConfigRefused", "ConfigApplied"):

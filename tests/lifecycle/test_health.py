@@ -8,14 +8,9 @@ import threading
 import pytest
 
 from nvdp.config.model import Config, Flags, PluginFlags
-from nvdp.plugin.health import (
-    HealthMonitor,
-    XidPolicy,
-    event_fields,
-    event_targets,
-    policy_from_config,
-    xid_policy,
-)
+from nvdp.plugin.health import HealthMonitor, event_targets
+from nvdp.plugin.nvml_event import event_fields
+from nvdp.plugin.xid_policy import XidPolicy, policy_from_config, xid_policy
 
 from .fakes import Event, FakeNvml, NVMLError, gpu, inventory, mig_device
 

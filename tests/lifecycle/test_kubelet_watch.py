@@ -3,7 +3,9 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import shutil
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,30 @@ def test_failing_callback_keeps_watching(tmp_path: Path) -> None:
             path.unlink()
     finally:
         watcher.stop()
+
+
+def test_a_directory_removed_and_created_again_is_watched_anew(tmp_path: Path) -> None:
+    """Held open (as a mount or a descriptor does), the old directory never reports its removal."""
+    directory = tmp_path / "device-plugins"
+    directory.mkdir()
+    path = directory / "kubelet.sock"
+    events: queue.Queue[str] = queue.Queue()
+    watcher = KubeletSocketWatcher(str(path), lambda: events.put("created"), LOG, poll_interval=0.01,
+                                   directory_check_s=0.05)
+    watcher.start()
+    held = os.open(directory, os.O_RDONLY)
+    try:
+        assert watcher.mode == "inotify"
+        for _ in range(2):
+            shutil.rmtree(directory)
+            os.mkdir(directory)
+            sock = make_socket(path)
+            assert events.get(timeout=5) == "created"
+            sock.close()
+            os.close(held)
+            held = os.open(directory, os.O_RDONLY)
+        time.sleep(0.2)
+        assert events.empty()
+    finally:
+        watcher.stop()
+        os.close(held)

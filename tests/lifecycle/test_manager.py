@@ -13,6 +13,7 @@ from nvdp.config.model import Config, Flags, PluginFlags
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan, PlannedDevice, PlannedResource
 from nvdp.plugin.manager import PlanDiff, PluginManager, diff_plans
+from nvdp.plugin.owned_socket import SocketState
 
 from .fakes import gpu, inventory
 
@@ -65,6 +66,9 @@ class FakeServer:
             raise RuntimeError("socket directory missing")
         self.started, self.stopped = True, False
         Path(self.socket_path).write_text("")
+
+    def socket_state(self) -> SocketState:
+        return "ours" if Path(self.socket_path).exists() else "gone"
 
     def register(self, kubelet_socket: str, timeout: float = 5.0) -> None:
         if not Path(kubelet_socket).exists():
@@ -315,3 +319,13 @@ def test_stopping_a_server_does_not_hold_up_health_updates(tmp_path: Path, book:
         release.set()
         remover.join(10)
     m.stop()
+
+
+def test_only_an_mps_gate_coming_or_going_restarts_a_resource() -> None:
+    plain = resource("nvidia.com/gpu", device(0), device(1))
+    sliced = resource("nvidia.com/gpu", device(0, 0), device(0, 1), sharing="time-slicing")
+    mps = replace(sliced, sharing="mps")
+    assert diff_plans(Plan(resources=(plain,)), Plan(resources=(sliced,))).changed == ("nvidia.com/gpu",)
+    assert diff_plans(Plan(resources=(sliced,)), Plan(resources=(plain,))).changed == ("nvidia.com/gpu",)
+    for old, new in ((plain, mps), (mps, plain), (sliced, mps), (mps, sliced)):
+        assert diff_plans(Plan(resources=(old,)), Plan(resources=(new,))).restarted == ("nvidia.com/gpu",)

@@ -19,16 +19,11 @@ from nvdp.inventory.model import Inventory
 from nvdp.kubelet_sim import KubeletSim, KubeletSimError
 from nvdp.plan.model import PlannedResource
 from nvdp.plugin.api import deviceplugin_pb2 as pb
+from nvdp.plugin.grpc_client import RegistrationError
+from nvdp.plugin.owned_socket import ServerStartError
 from nvdp.plugin.preferred import PreferredAllocator
-from nvdp.plugin.server import (
-    KUBELET_MAX_RECEIVE_BYTES,
-    RegistrationError,
-    ResourceServer,
-    ServerStartError,
-    list_and_watch_bytes,
-    oversized,
-    pb_grpc,
-)
+from nvdp.plugin.server import ResourceServer
+from nvdp.plugin.wire import KUBELET_MAX_RECEIVE_BYTES, list_and_watch_bytes, oversized, pb_grpc
 
 GPU = "nvidia.com/gpu"
 

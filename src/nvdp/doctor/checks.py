@@ -204,7 +204,7 @@ class Doctor(KubeletChecks, MpsChecks):
         return self._runtime_on_host()
 
     def _runtime_in_container(self) -> Finding:
-        from nvdp.plugin.server import container_dev_root
+        from nvdp.plugin.servicer import container_dev_root
 
         title = "the container runtime injected the NVIDIA driver"
         ctl = Path(container_dev_root(self.config)) / "dev" / "nvidiactl"

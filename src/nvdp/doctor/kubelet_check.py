@@ -53,8 +53,8 @@ class KubeletChecks:
         return passed("kubelet", title, f"{path} accepts connections")
 
     def registration(self) -> Finding:
-        from nvdp.plugin.observe import server_answers
-        from nvdp.plugin.server import socket_path_for
+        from nvdp.plugin.grpc_client import server_answers
+        from nvdp.plugin.owned_socket import socket_path_for
 
         title = "the plugin serves and is registered"
         if self.plan is None:

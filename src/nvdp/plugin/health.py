@@ -1,113 +1,36 @@
-"""GPU health: which XIDs count, and a thread that turns NVML events into unhealthy device UUIDs.
+"""GPU health: a thread that waits for NVML events and turns critical XIDs into unhealthy device UUIDs.
 
-Devices marked unhealthy stay unhealthy until the plugin re-plans (SIGHUP) or restarts, as in
-NVIDIA's plugin: NVML does not report that a GPU recovered, and a GPU that raised a critical XID
-usually needs a reset that restarts the plugin anyway.
+Which XIDs count is `xid_policy`'s; decoding NVML's event structure is `nvml_event`'s. Devices marked
+unhealthy stay unhealthy until the plugin re-plans (SIGHUP) or restarts, as in NVIDIA's plugin: NVML
+does not report that a GPU recovered, and a GPU that raised a critical XID usually needs a reset that
+restarts the plugin anyway.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from functools import cache
+from collections.abc import Callable
 from typing import Any
 
-from msgspec import Struct
-
 from nvdp import recording
-from nvdp.config.model import DEFAULT_IGNORED_XIDS, Config
 from nvdp.inventory.model import Gpu, Inventory
 from nvdp.plugin.guard import guarded_loop, guarded_thread
+from nvdp.plugin.nvml_event import (
+    EVENT_DOUBLE_BIT_ECC,
+    EVENT_SINGLE_BIT_ECC,
+    EVENT_XID_CRITICAL,
+    NO_INSTANCE,
+    event_fields,
+    handle_address,
+)
+from nvdp.plugin.xid_policy import XidPolicy
 
-# NVML's "no GPU/compute instance": the event belongs to the whole GPU, not one MIG device.
-NO_INSTANCE = 0xFFFFFFFF
 XID_FALLEN_OFF_BUS = 79
-ALL_WORDS = ("all", "xids")
-
-# nvmlEventType* bits (nvml.h); written out so importing this module does not load pynvml.
-EVENT_SINGLE_BIT_ECC = 0x1
-EVENT_DOUBLE_BIT_ECC = 0x2
-EVENT_XID_CRITICAL = 0x8
 WANTED_EVENTS = EVENT_XID_CRITICAL | EVENT_DOUBLE_BIT_ECC | EVENT_SINGLE_BIT_ECC
 
 OnUnhealthy = Callable[[frozenset[str], str], None]
-
-# nvmlEventData_t (nvml.h) in native layout: device handle, eventType, eventData, gpuInstanceId,
-# computeInstanceId.
-_EVENT_CODES = "PQQII"
-_EVENT_NAMES = ("device", "eventType", "eventData", "gpuInstanceId", "computeInstanceId")
-_EVENT_DATA = struct.Struct("@" + _EVENT_CODES)
-
-
-class XidPolicy(Struct, frozen=True):
-    """Which XIDs mark a device unhealthy (NVIDIA's DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS)."""
-
-    enabled: bool = True  # False: no health checks at all, NVML events are not even registered
-    ignored: frozenset[int] = frozenset(DEFAULT_IGNORED_XIDS)
-    forced: frozenset[int] = frozenset()  # counted even when also ignored
-    all_forced: bool = False  # every XID counts, the default-ignored ones too
-    malformed: tuple[str, ...] = ()  # values that were neither a word nor a number, for the log
-
-    def is_critical(self, xid: int) -> bool:
-        if not self.enabled:
-            return False
-        if self.all_forced or xid in self.forced:
-            return True
-        return xid not in self.ignored
-
-    def describe(self) -> str:
-        if not self.enabled:
-            return "health checks disabled"
-        if self.all_forced:
-            return "every XID marks a device unhealthy"
-        ignored = sorted(self.ignored - self.forced)
-        return f"ignoring XIDs {ignored}" if ignored else "no XIDs ignored"
-
-
-def _split(values: Iterable[str]) -> list[str]:
-    # Each value may itself be a comma list, as the environment variables are.
-    return [part.strip().lower() for value in values for part in str(value).split(",") if part.strip()]
-
-
-def _parse(values: Iterable[str], malformed: list[str]) -> tuple[bool, set[int]]:
-    everything = False
-    numbers: set[int] = set()
-    for word in _split(values):
-        if word in ALL_WORDS:
-            everything = True
-            continue
-        try:
-            number = int(word, 10)
-        except ValueError:
-            number = -1
-        if number < 0:
-            malformed.append(word)
-        else:
-            numbers.add(number)
-    return everything, numbers
-
-
-def xid_policy(disable: Sequence[str] = (), enable: Sequence[str] = ()) -> XidPolicy:
-    """Build the policy from the disable/enable lists ("all", "xids" or XID numbers, comma lists allowed)."""
-    malformed: list[str] = []
-    disable_all, extra_ignored = _parse(disable, malformed)
-    enable_all, forced = _parse(enable, malformed)
-    return XidPolicy(
-        enabled=not disable_all,
-        ignored=frozenset(DEFAULT_IGNORED_XIDS) | frozenset(extra_ignored),
-        forced=frozenset(forced),
-        all_forced=enable_all,
-        malformed=tuple(malformed),
-    )
-
-
-def policy_from_config(config: Config) -> XidPolicy:
-    plugin = config.flags.plugin
-    return xid_policy(plugin.disable_health_checks, plugin.enable_health_checks)
 
 
 def event_targets(inventory: Inventory, gpu_uuid: str, gi_id: int, ci_id: int) -> frozenset[str]:
@@ -232,7 +155,7 @@ class HealthMonitor:
                 self._log.info("GPU %d (%s) is too old for health checks; skipping it", gpu.index, gpu.uuid)
                 return ""
             return f"cannot register for health events ({err})"
-        self._handles[_address(handle)] = gpu.uuid
+        self._handles[handle_address(handle)] = gpu.uuid
         return ""
 
     def _run(self) -> None:
@@ -343,43 +266,3 @@ class HealthMonitor:
 def _code(err: Exception) -> int | None:
     value = getattr(err, "value", None)
     return value if isinstance(value, int) else None
-
-
-def event_fields(data: Any) -> tuple[int, int, int, int, int]:
-    """An NVML event as (device handle address, type, data, GPU instance, compute instance).
-
-    pynvml's event is a ctypes structure, read here with one unpack: each ctypes field read builds a
-    Python object, and with caches cold (an event after a quiet second) five reads and a cast took
-    about 50 us of the 1.3 ms from the XID to the kubelet, the unpack about 5. Anything else (a
-    binding with another layout, tests' stand-ins) is read field by field.
-    """
-    if _native_event_layout(data.__class__):
-        device, event_type, event_data, gi_id, ci_id = _EVENT_DATA.unpack_from(data)
-        return device, event_type, event_data, gi_id, ci_id
-    return (_address(data.device), int(data.eventType), int(data.eventData), int(data.gpuInstanceId),
-            int(data.computeInstanceId))
-
-
-@cache
-def _native_event_layout(cls: type) -> bool:
-    """Whether `cls` is a ctypes structure laid out as _EVENT_DATA: same fields, offsets and sizes."""
-    if not issubclass(cls, ctypes.Structure):
-        return False
-    fields = getattr(cls, "_fields_", ())
-    if tuple(f[0] for f in fields) != _EVENT_NAMES or ctypes.sizeof(cls) != _EVENT_DATA.size:
-        return False
-    for n, (name, code) in enumerate(zip(_EVENT_NAMES, _EVENT_CODES, strict=True)):
-        field = getattr(cls, name)
-        # "0<code>" pads to the field's alignment without adding it: its offset in a C struct.
-        offset = struct.calcsize(f"@{_EVENT_CODES[:n]}0{code}")
-        if field.offset != offset or field.size != struct.calcsize(code):
-            return False
-    return True
-
-
-def _address(handle: Any) -> int:
-    """A stable key for an NVML device handle (a ctypes pointer, or any object in tests)."""
-    try:
-        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
-    except (TypeError, ctypes.ArgumentError):
-        return id(handle)

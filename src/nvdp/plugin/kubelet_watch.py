@@ -5,6 +5,11 @@ directory reports the new kubelet.sock within microseconds and costs nothing whi
 inotify is unavailable (no libc symbol, or the per-user watch limit is reached, as in
 gpu-operator#441) the watcher falls back to checking the socket's inode and change time every `poll_interval`
 seconds, one stat() call per check.
+
+A directory that is removed and re-created must be watched anew. inotify reports the removal only
+once nothing holds the old directory any more (an open descriptor, a bind mount), so the watcher
+also compares the directory at the path with the one it watches every `directory_check_s` seconds
+(one stat) and, when they differ, moves its watch to the new one as after a kubelet restart.
 """
 
 from __future__ import annotations
@@ -40,10 +45,15 @@ class _Inotify:
         libc = ctypes.CDLL(None, use_errno=True)
         self._add_watch = libc.inotify_add_watch
         self._add_watch.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
+        self._rm_watch = libc.inotify_rm_watch
+        self._rm_watch.argtypes = (ctypes.c_int, ctypes.c_int)
         fd = int(libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC))
         if fd < 0:
             raise _errno_error("inotify_init1")
         self.fd = fd
+
+    def unwatch(self, wd: int) -> None:
+        self._rm_watch(self.fd, wd)  # fails only when the kernel removed it already: nothing to undo
 
     def watch(self, directory: str) -> int:
         wd = int(self._add_watch(self.fd, os.fsencode(directory), IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF
@@ -52,8 +62,9 @@ class _Inotify:
             raise _errno_error(f"inotify_add_watch({directory})")
         return wd
 
-    def read_names(self) -> tuple[list[str], bool]:
-        """Names created in the watched directory, and whether the directory itself went away."""
+    def read_names(self, wd: int) -> tuple[list[str], bool]:
+        """Names created in the directory watched as `wd`, and whether that directory went away (the
+        end of an earlier watch, reported late, is not)."""
         names: list[str] = []
         gone = False
         while True:
@@ -63,10 +74,12 @@ class _Inotify:
                 return names, gone
             offset = 0
             while offset + _EVENT_HEADER.size <= len(data):
-                _wd, mask, _cookie, length = _EVENT_HEADER.unpack_from(data, offset)
+                event_wd, mask, _cookie, length = _EVENT_HEADER.unpack_from(data, offset)
                 offset += _EVENT_HEADER.size
                 raw = data[offset : offset + length]
                 offset += length
+                if event_wd != wd:
+                    continue
                 if mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED):
                     gone = True
                 if mask & (IN_CREATE | IN_MOVED_TO):
@@ -79,6 +92,14 @@ class _Inotify:
 def _errno_error(call: str) -> OSError:
     code = ctypes.get_errno()
     return OSError(code, f"{call}: {os.strerror(code)}")
+
+
+def _directory_identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def _identity(path: str) -> tuple[int, int, int] | None:
@@ -101,6 +122,7 @@ class KubeletSocketWatcher:
         *,
         poll_interval: float = 0.1,
         use_inotify: bool = True,
+        directory_check_s: float = 1.0,
     ) -> None:
         self.socket_path = socket_path
         self._directory = os.path.dirname(socket_path) or "."
@@ -109,6 +131,8 @@ class KubeletSocketWatcher:
         self._log = log
         self._poll_interval = poll_interval
         self._use_inotify = use_inotify
+        self._directory_check_s = directory_check_s
+        self._watched: tuple[int, tuple[int, int] | None] | None = None  # watch descriptor, directory
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         self._thread: threading.Thread | None = None
@@ -188,12 +212,24 @@ class KubeletSocketWatcher:
 
     def _try_watch(self, inotify: _Inotify) -> bool:
         """Add the watch; False while the directory does not exist."""
+        directory = _directory_identity(self._directory)
         try:
-            inotify.watch(self._directory)
+            wd = inotify.watch(self._directory)
         except OSError as err:
             if err.errno in (errno.ENOENT, errno.ENOTDIR):
                 return False
             raise
+        self._watched = (wd, directory)
+        return True
+
+    def _directory_replaced(self, inotify: _Inotify) -> bool:
+        """Whether the path names another directory than the watched one (or none); drops the old watch."""
+        watched = self._watched
+        if watched is None or _directory_identity(self._directory) == watched[1]:
+            return False
+        self._log.info("%s was removed or replaced; watching it anew", self._directory)
+        inotify.unwatch(watched[0])
+        self._watched = None
         return True
 
     def _watch_directory(self, inotify: _Inotify) -> bool:
@@ -209,14 +245,23 @@ class KubeletSocketWatcher:
     def _wait_for_events(self, inotify: _Inotify) -> bool:
         """Deliver creations until the directory disappears (True) or the watcher stops (False)."""
         while not self._stop.is_set():
-            ready, _, _ = select.select([inotify.fd, self._wake_r], [], [])
+            ready, _, _ = select.select([inotify.fd, self._wake_r], [], [], self._directory_check_s)
             if self._wake_r in ready:
                 return False
-            names, gone = inotify.read_names()
+            if not ready:
+                if self._directory_replaced(inotify):
+                    self._last = None
+                    return True
+                continue
+            wd = self._watched[0] if self._watched is not None else -1
+            names, gone = inotify.read_names(wd)
             if self._name in names:
                 self._notify()
                 self._last = _identity(self.socket_path)
             if gone:
                 self._last = None
+                if self._watched is not None:  # moved away: its watch would stay
+                    inotify.unwatch(self._watched[0])
+                    self._watched = None
                 return True
         return False

@@ -182,7 +182,8 @@ class PluginProcess:
         self.watcher.start()
 
     def start_health(self, prepared: Prepared) -> None:
-        from nvdp.plugin.health import HealthMonitor, policy_from_config
+        from nvdp.plugin.health import HealthMonitor
+        from nvdp.plugin.xid_policy import policy_from_config
 
         manager = self.manager
         assert manager is not None

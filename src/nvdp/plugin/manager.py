@@ -2,8 +2,10 @@
 
 It owns the current plan and reconciles the running resources with it:
 - `apply(plan)` starts resources that are new, stops removed ones, updates changed ones in place and
-  leaves unchanged ones alone (a SIGHUP that changes nothing restarts nothing). A resource whose
-  sharing strategy or serving settings changed is stopped and made anew, server and gate together;
+  leaves unchanged ones alone (a SIGHUP that changes nothing restarts nothing). A resource that
+  gains or loses its MPS gate, or whose serving settings changed, is stopped and made anew, server
+  and gate together; any other change (plain <-> time-slicing, replicas, devices, health) goes
+  through the open ListAndWatch stream, with no new socket and no new registration;
 - health events mark devices Unhealthy through `Plan.with_unhealthy` and push the new lists;
 - a kubelet restart (kubelet.sock created again) makes every resource register again.
 Each resource starts and registers on its own thread (see resource.py), so neither a slow kubelet
@@ -39,6 +41,8 @@ __all__ = ["GateFactory", "PlanDiff", "PluginManager", "ReadinessGate", "Resourc
 
 RETRY_INTERVAL_S = 2.0
 REGISTER_TIMEOUT_S = 5.0
+# How often a registered resource checks that its socket is still in place (one stat).
+SOCKET_CHECK_S = 1.0
 STOP_TIMEOUT_S = 5.0
 # A health event's log line waits at most this long for the kubelet's stream to send the new list.
 _LOG_AFTER_DELIVERY_S = 0.05
@@ -47,8 +51,8 @@ _LOG_AFTER_DELIVERY_S = 0.05
 class PlanDiff(Struct, frozen=True):
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
-    changed: tuple[str, ...] = ()  # same name, other devices: the running resource is updated
-    restarted: tuple[str, ...] = ()  # built with other settings or sharing: stopped and made anew
+    changed: tuple[str, ...] = ()  # same name, other devices or sharing: the running resource is updated
+    restarted: tuple[str, ...] = ()  # other settings, or an MPS gate to add or drop: stopped and made anew
     unchanged: tuple[str, ...] = ()
 
     def describe(self) -> str:
@@ -72,9 +76,16 @@ def serving_settings(config: Config) -> Config:
 
 
 def needs_rebuild(old: PlannedResource, new: PlannedResource) -> bool:
-    """Whether `new` cannot be served by the resource built for `old`: the sharing strategy decides
-    whether there is an MPS gate and what Allocate hands out, so a switch makes a new resource."""
-    return old.sharing != new.sharing
+    """Whether `new` cannot be served by the resource built for `old`: only MPS sharing has a gate
+    (made with the resource), so only a switch to or from MPS makes a new resource. The rest of a
+    sharing switch is the device list and the Allocate answers, which an update replaces in place:
+    a restart would close the kubelet's stream, and the kubelet then marks every device of the
+    resource Unhealthy until the new server registers.
+
+    To or from MPS the stream closes for that moment: the new server must listen on the same socket
+    path, which the old one holds until it stops.
+    """
+    return (old.sharing == "mps") != (new.sharing == "mps")
 
 
 def diff_plans(old: Plan, new: Plan, settings_changed: bool = False) -> PlanDiff:
@@ -108,6 +119,7 @@ class PluginManager:
         gate_factory: GateFactory = default_gate_factory,
         retry_interval_s: float = RETRY_INTERVAL_S,
         register_timeout_s: float = REGISTER_TIMEOUT_S,
+        socket_check_s: float = SOCKET_CHECK_S,
     ) -> None:
         self._config = config
         self._inventory = inventory
@@ -116,6 +128,7 @@ class PluginManager:
         self._gate_factory = gate_factory
         self._retry_interval_s = retry_interval_s
         self._register_timeout_s = register_timeout_s
+        self._socket_check_s = socket_check_s
         self._lock = threading.RLock()
         self._plan = Plan()
         self._resources: dict[str, RunningResource] = {}
@@ -256,6 +269,7 @@ class PluginManager:
             resource, self._config, self._inventory, self._log,
             server_factory=self._server_factory, gate_factory=self._gate_factory,
             retry_interval_s=self._retry_interval_s, register_timeout_s=self._register_timeout_s,
+            socket_check_s=self._socket_check_s,
         )
 
 

@@ -11,17 +11,17 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from nvdp.endpoints import HttpEndpoints, Response, Route, parse_address
+from nvdp.plugin.grpc_client import server_answers
 from nvdp.plugin.probes import Check, liveness, readiness
 from nvdp.plugin.state import PluginState
 from nvdp.recording import Recorder
 
 METRICS_ADDRESS_ENV = "METRICS_ADDRESS"
 HEALTH_ADDRESS_ENV = "HEALTH_ADDRESS"
-# Each liveness check is bounded, so a stuck plugin answers the probe (not live) instead of timing out.
-SERVER_CALL_TIMEOUT_S = 2.0
+# Each liveness check is bounded, so a stuck plugin answers the probe (not live) instead of timing out
+# (the server call: grpc_client.server_answers' timeout).
 LOCK_TIMEOUT_S = 2.0
 
 
@@ -47,23 +47,6 @@ def check_addresses(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             parse_address(value)
         except ValueError as err:
             parser.error(f"--{flag.replace('_', '-')}: {err}")
-
-
-def server_answers(socket_path: str) -> str | None:
-    """None when the resource's gRPC server answers GetDevicePluginOptions, else why not."""
-    import grpc
-
-    from nvdp.plugin.api import deviceplugin_pb2 as pb
-    from nvdp.plugin.api import deviceplugin_pb2_grpc as pb_grpc
-    from nvdp.plugin.server import _fresh_channel
-
-    stub: Any = pb_grpc.DevicePluginStub
-    try:
-        with _fresh_channel(socket_path) as channel:
-            stub(channel).GetDevicePluginOptions(pb.Empty(), timeout=SERVER_CALL_TIMEOUT_S)
-    except grpc.RpcError as err:
-        return f"does not answer on {socket_path}: {err.code().name}"
-    return None
 
 
 class PluginEndpoints:

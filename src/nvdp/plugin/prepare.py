@@ -67,7 +67,7 @@ def discover(config: Config) -> Inventory:
 
 def make_plan(config: Config, inventory: Inventory) -> Plan:
     from nvdp.plan import PlanError, plan
-    from nvdp.plugin.server import oversized
+    from nvdp.plugin.wire import oversized
 
     try:
         planned = plan(config, inventory)

@@ -1,19 +1,25 @@
 """One planned resource as the plugin runs it: its gRPC server, MPS readiness gate, health and registration.
 
 A `RunningResource` is made for one PlannedResource under one config and inventory and is never
-rebuilt in place: when the sharing strategy or a setting its server or gate was built with changes,
-the manager stops it and makes a new one. Device lists (health included) change through `update()`.
+rebuilt in place: when it gains or loses its MPS gate, or a setting its server was built with
+changes, the manager stops it and makes a new one. Device lists, health and a switch between plain
+and time-slicing change through `update()`: the open ListAndWatch stream sends the new list.
 
 Its own thread does the slow work, so no caller waits on the kubelet or the MPS daemon: wait for the
 gate, start the server, register, and again whenever `kick()` says the kubelet restarted. A failing
 step is logged once and retried every `retry_interval_s`; an unexpected exception is logged with its
 traceback and retried too, so the resource never stays half-alive without a word.
+
+A registration counts only if no kick came while it was under way: the kubelet that answered may be
+the one that just went away (and took the socket with it). Once registered, the thread still checks
+every `socket_check_s` that its socket is in place (one stat): a socket removed behind its back, or
+left dead by a newer instance that took the path over and then died, is served again and registered
+again without waiting for a kick. A newer instance's live socket at the path is left alone.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -24,12 +30,14 @@ from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
 from nvdp.plugin.guard import guarded_thread
+from nvdp.plugin.owned_socket import SocketState
 
 
 class ResourceServerLike(Protocol):
     socket_path: str
 
     def start(self) -> None: ...
+    def socket_state(self) -> SocketState: ...
     def register(self, kubelet_socket: str, timeout: float = ...) -> None: ...
     def update(self, resource: PlannedResource) -> None: ...
     def wait_delivered(self, timeout: float) -> None: ...
@@ -80,6 +88,7 @@ class RunningResource:
         gate_factory: GateFactory = default_gate_factory,
         retry_interval_s: float = 2.0,
         register_timeout_s: float = 5.0,
+        socket_check_s: float = 1.0,
     ) -> None:
         self.name = resource.name
         self.sharing = resource.sharing
@@ -87,12 +96,14 @@ class RunningResource:
         self._kubelet_socket = config.flags.plugin.kubelet_socket_path
         self._retry_interval_s = retry_interval_s
         self._register_timeout_s = register_timeout_s
+        self._socket_check_s = socket_check_s
         self._lock = threading.RLock()
         self._planned = resource
         self._sent = resource  # what the server holds: the factory built it with this
         self._ready = True  # what the gate says once open; False: every device is reported Unhealthy
         self._started = False
         self._registered = False
+        self._kicks = 0  # kubelet restarts so far: a registration begun before the last one is void
         self._complained = False
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -137,8 +148,10 @@ class RunningResource:
             self._thread.start()
 
     def update(self, resource: PlannedResource) -> None:
-        """New devices or health for the same resource; open streams resend the list."""
+        """New devices, health or sharing (not to or from MPS) for the same resource; open streams
+        resend the list."""
         with self._lock:
+            self.sharing = resource.sharing
             self._planned = resource
             self._push()
 
@@ -150,6 +163,7 @@ class RunningResource:
         """The kubelet restarted: register again, restarting the server if its socket was removed."""
         with self._lock:
             self._registered = False
+            self._kicks += 1
             self._complained = False
         self._wake.set()
 
@@ -187,7 +201,7 @@ class RunningResource:
                     self._log.exception("%s: unexpected error while serving; retrying in %gs",
                                         self.name, self._retry_interval_s)
                 self._first_attempt.set()
-                self._wake.wait(self._retry_interval_s if self.pending else None)
+                self._wake.wait(self._retry_interval_s if self.pending else self._socket_check_s)
         finally:
             self._first_attempt.set()
 
@@ -218,17 +232,20 @@ class RunningResource:
 
     def _step(self) -> None:
         with self._lock:
-            started, registered = self._started, self._registered
-        if started and not registered and not os.path.exists(self.server.socket_path):
-            self._log.info("%s: %s was removed; restarting its server", self.name, self.server.socket_path)
-            self.server.stop()
-            with self._lock:
-                self._started = False
-            started = False
+            started, registered, kicks = self._started, self._registered, self._kicks
+        if started:
+            state = self.server.socket_state()
+            if state in ("gone", "stale"):
+                why = "was removed" if state == "gone" else "was replaced by a socket nobody serves"
+                self._log.info("%s: %s %s; serving it again", self.name, self.server.socket_path, why)
+                self.server.stop()
+                with self._lock:
+                    self._started = self._registered = False
+                started = registered = False
         if not started and not self._start_server():
             return
         if not registered:
-            self._register()
+            self._register(kicks)
 
     def _start_server(self) -> bool:
         try:
@@ -250,7 +267,8 @@ class RunningResource:
             return False
         return True
 
-    def _register(self) -> None:
+    def _register(self, kicks: int) -> None:
+        """Register; it counts only if the kubelet did not restart since `kicks` was read."""
         try:
             self.server.register(self._kubelet_socket, timeout=self._register_timeout_s)
         except Exception as err:
@@ -261,7 +279,7 @@ class RunningResource:
             )
             return
         with self._lock:
-            if not self._stopping.is_set():
+            if not self._stopping.is_set() and self._kicks == kicks:
                 self._registered = True
                 self._complained = False
 
