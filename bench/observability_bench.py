@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src"), str(ROOT / "bench")]
 
 from plugin_bench import Row, percentile, print_table, rss_mib  # noqa: E402
 
-from nvdp.kubelet_sim import KubeletSim  # noqa: E402
+from sim.kubelet import KubeletSim  # noqa: E402
 from sim.nvml import NodeSim, build_library  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from nvdp.kubelet_sim import KubeletSim  # noqa: E402
+from sim.kubelet import KubeletSim  # noqa: E402
 from sim.nvml import NodeSim, build_library  # noqa: E402
 
 UPSTREAM_DIR = Path(os.environ.get("NVDP_UPSTREAM_SHARED", ROOT.parent / "shared" / "upstream"))

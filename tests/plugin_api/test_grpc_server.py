@@ -16,7 +16,6 @@ from msgspec.structs import replace
 
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
-from nvdp.kubelet_sim import KubeletSim, KubeletSimError
 from nvdp.plan.model import PlannedResource
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 from nvdp.plugin.preferred import PreferredAllocator
@@ -29,6 +28,7 @@ from nvdp.plugin.server import (
     oversized,
     pb_grpc,
 )
+from sim.kubelet import KubeletSim, KubeletSimError
 
 GPU = "nvidia.com/gpu"
 
