@@ -12,15 +12,10 @@ stops it with status 0.
 
 FLOOR_REPLICAS=N (N > 1) advertises N IDs per GPU (`<uuid>::<n>`, as time-slicing names them), so the
 floor can answer the same 8x128 GetPreferredAllocation as the plugins configured for time-slicing.
-
-FLOOR_SERVER=aio serves the same answers from grpc.aio on one asyncio loop instead of the thread pool
-(the XID thread hands its events to the loop), to compare the two servers in the same harness
-(bench/floor_servers.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -44,7 +39,6 @@ pb_grpc: Any = pb_grpc_untyped
 RESOURCE = "nvidia.com/gpu"
 SOCKET = "nvidia-gpu.sock"
 REPLICAS = int(os.environ.get("FLOOR_REPLICAS") or 1)
-SERVER = os.environ.get("FLOOR_SERVER") or "threads"
 
 
 def gpu_uuids() -> list[str]:
@@ -141,7 +135,7 @@ class DevicePlugin:
         return pb.PreStartContainerResponse()
 
 
-def watch_xids(plugin: DevicePlugin | AioDevicePlugin, stop: threading.Event) -> None:
+def watch_xids(plugin: DevicePlugin, stop: threading.Event) -> None:
     """Critical XIDs turn the GPU Unhealthy, as every plugin must; NVML errors end the watch."""
     try:
         event_set = pynvml.nvmlEventSetCreate()
@@ -162,8 +156,8 @@ REGISTER = pb.RegisterRequest(version="v1beta1", endpoint=SOCKET, resource_name=
                               options=pb.DevicePluginOptions(get_preferred_allocation_available=True))
 
 
-def listen(server: Any, plugin: DevicePlugin | AioDevicePlugin, plugin_dir: str) -> None:
-    """Serve `plugin` on SOCKET in `plugin_dir`, replacing a stale socket (either kind of server)."""
+def listen(server: Any, plugin: DevicePlugin, plugin_dir: str) -> None:
+    """Serve `plugin` on SOCKET in `plugin_dir`, replacing a stale socket."""
     pb_grpc.add_DevicePluginServicer_to_server(plugin, server)
     socket_path = os.path.join(plugin_dir, SOCKET)
     with contextlib.suppress(FileNotFoundError):
@@ -193,75 +187,10 @@ def serve(plugin_dir: str) -> None:
         server.stop(0).wait()
 
 
-class AioDevicePlugin:
-    """The same answers on grpc.aio: every call runs on the loop; XID events come in from a thread."""
-
-    def __init__(self, ids: list[str], loop: asyncio.AbstractEventLoop) -> None:
-        self.sync = DevicePlugin(ids)  # the answers and the device list
-        self.loop = loop
-        self.changed = asyncio.Condition()
-
-    def mark_unhealthy(self, uuid: str) -> None:  # called on the XID thread
-        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._mark(uuid)))
-
-    async def _mark(self, uuid: str) -> None:
-        async with self.changed:
-            self.sync.mark_unhealthy(uuid)
-            self.changed.notify_all()
-
-    async def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
-        return self.sync.GetDevicePluginOptions(request, context)
-
-    async def ListAndWatch(self, request: Any, context: Any) -> Any:
-        seen = -1
-        while True:
-            async with self.changed:
-                while self.sync.version == seen:
-                    await self.changed.wait()
-                seen, message = self.sync.version, self.sync.devices
-            yield message
-
-    async def Allocate(self, request: Any, context: Any) -> Any:
-        return self.sync.Allocate(request, context)
-
-    async def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
-        return self.sync.GetPreferredAllocation(request, context)
-
-    async def PreStartContainer(self, request: Any, context: Any) -> Any:
-        return pb.PreStartContainerResponse()
-
-
-async def serve_aio(plugin_dir: str) -> None:
-    loop = asyncio.get_running_loop()
-    stopping = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stopping.set)
-    plugin = AioDevicePlugin(advertised_ids(gpu_uuids()), loop)
-    server = grpc.aio.server()
-    listen(server, plugin, plugin_dir)
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(kubelet_address(plugin_dir)) as channel:
-            await pb_grpc.RegistrationStub(channel).Register(REGISTER, timeout=10, wait_for_ready=True)
-        stop = threading.Event()
-        threading.Thread(target=watch_xids, args=(plugin, stop), daemon=True).start()
-        await stopping.wait()
-        stop.set()
-    finally:
-        await server.stop(0)
-
-
 def main() -> int:
     plugin_dir = os.environ.get("DEVICE_PLUGIN_PATH", "/var/lib/kubelet/device-plugins")
-    if SERVER not in ("threads", "aio"):
-        print(f"floor plugin: FLOOR_SERVER={SERVER!r}: use 'threads' or 'aio'", file=sys.stderr)
-        return 2
-    # One line, before anything is measured: which server a floor figure comes from.
-    print(f"floor plugin: gRPC server: {SERVER}", file=sys.stderr)
     try:
-        if SERVER == "aio":
-            asyncio.run(serve_aio(plugin_dir))
-        else:
-            serve(plugin_dir)
+        serve(plugin_dir)
     except (pynvml.NVMLError, grpc.RpcError, OSError) as err:
         print(f"floor plugin: {err}", file=sys.stderr)
         return 1

@@ -1,9 +1,12 @@
 """Plugin benchmark: the real plugin process, driven by the kubelet simulator.
 
     .venv/bin/python bench/plugin_bench.py [--quick]           # nvdp alone, on the stand-in NVML
+    .venv/bin/python bench/plugin_bench.py --metrics           # what metrics and probes cost nvdp
     .venv/bin/python bench/plugin_bench.py --against-nvidia    # nvdp next to NVIDIA's plugin v0.20.0
 
-The first form prints one row per metric with its target and pass/FAIL. `--against-nvidia` unpacks
+The first form prints one row per metric with its target and pass/FAIL. `--metrics` runs nvdp plain and
+with `--metrics-address`/`--health-address` side by side and prints what metrics add to Allocate and
+memory, and the plugin's CPU per probe and per scrape. `--against-nvidia` unpacks
 NVIDIA's plugin and NVIDIA's mock NVML (8x A100) from ../shared/upstream, runs both plugins and the
 floor (bench/floor_plugin.py: the least a Python plugin must do) on that library with the same
 simulator, rotating which goes first in each round, and prints the median of every figure for each,
@@ -22,21 +25,22 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from nvdp.kubelet_sim import KubeletSim  # noqa: E402
+from sim.kubelet import KubeletSim  # noqa: E402
 from sim.nvml import NodeSim, build_library  # noqa: E402
 
 UPSTREAM_DIR = Path(os.environ.get("NVDP_UPSTREAM_SHARED", ROOT.parent / "shared" / "upstream"))
@@ -87,31 +91,13 @@ def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-T = TypeVar("T")
-
-
-def interleaved(
-    labels: Sequence[str], rounds: int, measure: Callable[[str], T]
-) -> tuple[dict[str, list[T]], list[str]]:
-    """Each round measures every label, in reverse order every other round, so that no label always
-    runs right after the same other one; returns what each label measured, round by round, and the
-    load average before the first round and after each."""
-    results: dict[str, list[T]] = {label: [] for label in labels}
-    loads = [load_average()]
-    for round_no in range(rounds):
-        for label in labels if round_no % 2 == 0 else list(reversed(labels)):
-            results[label].append(measure(label))
-        loads.append(load_average())
-    return results, loads
-
-
 # What the image's entry point (the `nvidia-device-plugin` console script) runs; `-m` would add runpy.
 ENTRY_POINT = "import sys\nfrom nvdp.plugin.main import main\nsys.exit(main())"
 
 
-def nvdp_command(python_args: list[str] | None = None) -> list[str]:
-    """The plugin as its console script starts it; `python_args` replaces everything after the interpreter."""
-    return [sys.executable, *(python_args or ["-c", ENTRY_POINT])]
+def nvdp_command(args: Sequence[str] = ()) -> list[str]:
+    """The plugin as its console script starts it, with `args` as its command line."""
+    return [sys.executable, "-c", ENTRY_POINT, *args]
 
 
 def nvdp_env(plugin_dir: Path, config_file: Path | None, src: Path = ROOT / "src") -> dict[str, str]:
@@ -132,23 +118,17 @@ def plugin(
     *,
     kind: str = NVDP,
     upstream: Path | None = None,
-    python_args: list[str] | None = None,
+    args: Sequence[str] = (),
     extra_env: dict[str, str] | None = None,
     src: Path | None = None,
-    log_via: str = "file",
 ) -> Iterator[Running]:
     """One plugin process registered to a fresh simulator.
 
     `profile` names a stand-in NVML profile; None runs on NVIDIA's mock NVML (`upstream` unpacked).
     `src` runs nvdp from another source tree (a baseline); `kind` is then that baseline's label.
     `kind=FLOOR` runs bench/floor_plugin.py with nvdp's environment; it reads no config.
-    `python_args` replaces what follows the interpreter (nvdp's entry point, or the floor's).
-    `log_via`: the process's stdout and stderr go to the log file ("file"), through a pipe that a
-    `cat` process copies to the log file, as containerd's shim does ("pipe"), or to /dev/null
-    ("devnull": the log file stays empty).
+    `args` is nvdp's command line. The process's stdout and stderr go to `Running.log_path`.
     """
-    if log_via not in ("file", "pipe", "devnull"):
-        raise ValueError(f"log_via {log_via!r}: expected file, pipe or devnull")
     with tempfile.TemporaryDirectory(prefix="nvdp-bench-") as tmp:
         work = Path(tmp)
         plugin_dir = work / "device-plugins"
@@ -162,11 +142,10 @@ def plugin(
         if kind == FLOOR:
             env = nvdp_env(plugin_dir, None)
             env["PYTHONPATH"] = os.pathsep.join((str(ROOT / "bench"), env["PYTHONPATH"]))
-            # Imported from cached bytecode, as nvdp; `python_args` may wrap the entry point.
-            argv = [sys.executable, *(python_args or ["-c", FLOOR_ENTRY_POINT])]
+            argv = [sys.executable, "-c", FLOOR_ENTRY_POINT]  # from cached bytecode, as nvdp
         elif kind != NVIDIA:
             env = nvdp_env(plugin_dir, config_file, src or ROOT / "src")
-            argv = nvdp_command(python_args)
+            argv = nvdp_command(args)
         else:
             assert upstream is not None
             env = dict(os.environ)
@@ -179,15 +158,8 @@ def plugin(
         env.update(extra_env or {})
         log_path = work / "plugin.log"
         with KubeletSim(plugin_dir) as kubelet, open(log_path, "wb") as log:
-            drain = None
-            output: Any = subprocess.DEVNULL if log_via == "devnull" else log
-            if log_via == "pipe":
-                drain = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=log)
-                output = drain.stdin
             started = time.monotonic()
-            process = subprocess.Popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT)
-            if drain is not None:
-                output.close()  # the plugin holds the pipe's write end; cat sees EOF when it exits
+            process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
             try:
                 yield Running(kubelet, process, started, work, log_path, node)
             finally:
@@ -197,8 +169,6 @@ def plugin(
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait(5)
-                if drain is not None:
-                    drain.wait(5)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
@@ -214,10 +184,6 @@ def proc_status_mib(pid: int, field: str) -> float:
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no {field} for process {pid}")
-
-
-def rss_mib(pid: int) -> float:
-    return proc_status_mib(pid, "VmRSS")
 
 
 def allocate_latencies(kubelet: KubeletSim, device_id: str, calls: int) -> list[float]:
@@ -328,6 +294,72 @@ def print_rows(table: list[tuple[str, ...]]) -> None:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
         if n == 0:
             print("  ".join("-" * w for w in widths))
+
+
+# --- what metrics and probes cost ------------------------------------------------------------------
+
+TICKS = os.sysconf("SC_CLK_TCK")
+# The chart's default probe periods: readiness every 10 s, liveness every 30 s.
+PROBES_PER_HOUR = 3600 // 10 + 3600 // 30
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_ms(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / TICKS  # utime + stime
+
+
+def http_cpu_ms(pid: int, port: int, path: str, calls: int) -> float:
+    """The plugin's CPU milliseconds per GET of `path` on its HTTP server."""
+    def get() -> None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            response.read()
+
+    get()
+    before = cpu_ms(pid)
+    for _ in range(calls):
+        get()
+    return (cpu_ms(pid) - before) / calls
+
+
+def bench_metrics(calls: int, probe_calls: int) -> list[Row]:
+    """nvdp plain and with metrics and probes served, side by side; Allocate calls alternate between the
+    two in batches of 50, so load falls on both alike."""
+    port = free_port()
+    served = (f"--metrics-address=127.0.0.1:{port}", f"--health-address=127.0.0.1:{port}")
+    with plugin("t4") as plain, plugin("t4", args=served) as metrics:
+        runs = (plain, metrics)
+        ids = [run.kubelet.wait_for_resource(RESOURCE, count=1, timeout=15)[0]["id"] for run in runs]
+        for run, device in zip(runs, ids, strict=True):
+            allocate_latencies(run.kubelet, device, 50)  # warm-up: connections, first-call imports
+        latencies: tuple[list[float], list[float]] = ([], [])
+        for _ in range(max(1, calls // 50)):
+            for run, device, out in zip(runs, ids, latencies, strict=True):
+                out += allocate_latencies(run.kubelet, device, 50)
+        readyz = http_cpu_ms(metrics.process.pid, port, "/readyz", probe_calls)
+        healthz = http_cpu_ms(metrics.process.pid, port, "/healthz", probe_calls)
+        scrape = http_cpu_ms(metrics.process.pid, port, "/metrics", probe_calls)
+        time.sleep(max(0.0, 5.0 - (time.monotonic() - metrics.started_at)))
+        hwm = [proc_status_mib(run.process.pid, "VmHWM") for run in runs]
+    added = percentile(latencies[1], 50) - percentile(latencies[0], 50)
+    probes = (readyz * (3600 // 10) + healthz * (3600 // 30)) / 36_000  # % of one core
+    return [
+        Row(f"Allocate p50 without / with metrics ({calls} calls)", "-",
+            f"{percentile(latencies[0], 50):.3f} / {percentile(latencies[1], 50):.3f} ms", True),
+        Row("Allocate p50 added by metrics", "0.05 ms", f"{added:+.3f} ms", added <= 0.05),
+        Row("plugin CPU per /readyz", "1 ms", f"{readyz:.2f} ms", readyz <= 1),
+        Row("plugin CPU per /healthz (calls each gRPC server)", "5 ms", f"{healthz:.2f} ms", healthz <= 5),
+        Row(f"probe CPU at the chart's periods ({PROBES_PER_HOUR}/h)", "0.01 % of a core", f"{probes:.4f} %",
+            probes <= 0.01),
+        Row("plugin CPU per /metrics scrape", "5 ms", f"{scrape:.2f} ms", scrape <= 5),
+        Row("VmHWM after 5 s without / with metrics", "50 MiB with", f"{hwm[0]:.1f} / {hwm[1]:.1f} MiB",
+            hwm[1] <= 50),
+    ]
 
 
 # --- side by side with NVIDIA's plugin --------------------------------------------------------------
@@ -465,6 +497,8 @@ def comparison_table(kinds: list[str], results: dict[str, list[dict[str, float]]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Benchmark the plugin process with the stand-ins.")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    parser.add_argument("--metrics", action="store_true",
+                        help="nvdp plain and with metrics and probes served: what they cost")
     parser.add_argument("--against-nvidia", action="store_true",
                         help="run NVIDIA's plugin v0.20.0 and nvdp alternately and compare (needs root)")
     parser.add_argument("--runs", type=int, default=5, help="interleaved rounds for --against-nvidia")
@@ -486,9 +520,12 @@ def main(argv: list[str] | None = None) -> int:
             return against_nvidia(1 if args.quick else args.runs, calls, pref_calls, baselines)
         warm_bytecode()
         print(f"load average: {load_average()}")
-        rows = [bench_start(1 if args.quick else 5)]
-        rows += bench_runtime(calls)
-        rows += bench_preferred(pref_calls)
+        if args.metrics:
+            rows = bench_metrics(calls * 2, 50 if args.quick else 500)
+        else:
+            rows = [bench_start(1 if args.quick else 5)]
+            rows += bench_runtime(calls)
+            rows += bench_preferred(pref_calls)
     except (TimeoutError, RuntimeError, OSError, subprocess.CalledProcessError) as err:
         print(f"benchmark failed: {err}", file=sys.stderr)
         return 1

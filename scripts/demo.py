@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from nvdp.config.loader import ConfigError, load_config  # noqa: E402
-from nvdp.kubelet_sim import KubeletSim  # noqa: E402
+from sim.kubelet import KubeletSim  # noqa: E402
 from sim.mps import BIN_DIR as MPS_SIM_BIN  # noqa: E402
 from sim.nvml import NodeSim  # noqa: E402
 

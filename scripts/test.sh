@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: venv + installs, stand-in NVML build, ruff, mypy, pytest.
+# The whole test suite: venv + installs, stand-in NVML build, ruff, mypy, import contracts, pytest.
 set -euo pipefail
 . "$(dirname "$0")/venv.sh"
 cd "$ROOT"
@@ -18,4 +18,5 @@ if [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$K8S_DIR/assets/bin/kube-apiserver"
 fi
 echo "== ruff"; ruff check src tests sim bench scripts
 echo "== mypy"; mypy
+echo "== lint-imports"; lint-imports --no-cache
 echo "== pytest"; exec pytest -q "$@"

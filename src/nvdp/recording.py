@@ -4,7 +4,7 @@ The edges (gRPC server, health loop, signal handling, per-node config, MPS gate 
 its methods, one per thing worth counting or telling; each is a few dictionary lookups, so Allocate
 stays cheap. Metrics are off until `enable_metrics()` (`--metrics-address`): until then
 prometheus-client is not even imported, and a process without the flag pays nothing for them.
-Node Events go to the process's one writer (`attach_events`, nvdp.plugin.node_events.NodeEvents,
+Node Events go to the process's one writer (`attach_events`, nvdp.node_events.NodeEvents,
 which sends them on its own thread); without API access there is none and the log is all. The
 Recorder words the Events (what a kubectl user reads); the writer only sends them.
 """
@@ -20,7 +20,7 @@ from nvdp.text import short_list
 
 
 class EventWriter(Protocol):
-    """Sends Events on the Node (nvdp.plugin.node_events.NodeEvents); must not block the caller."""
+    """Sends Events on the Node (nvdp.node_events.NodeEvents); must not block the caller."""
 
     def record(self, event_type: str, reason: str, message: str) -> None: ...
 

@@ -216,7 +216,7 @@ def test_embedded_config_schema_matches_config_schema_json() -> None:
     stale = chart_schema_sync.stale_files(write=False)
     assert not stale, (
         f"{[str(p.relative_to(chart_schema_sync.ROOT)) for p in stale]} differ from config-schema.json; "
-        "run `python -m tests.chart.chart_schema_sync`"
+        "run `python scripts/chart_schema_sync.py`"
     )
 
 

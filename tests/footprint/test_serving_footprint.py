@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from nvdp.kubelet_sim import KubeletSim
+from sim.kubelet import KubeletSim
 from sim.nvml import NodeSim
 
 ROOT = Path(__file__).resolve().parents[2]

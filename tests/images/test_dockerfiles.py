@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import configparser
 import json
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -34,19 +33,7 @@ def exec_form(dockerfile: Path, instruction: str) -> list[str] | None:
 
 
 @pytest.fixture(scope="session")
-def console_scripts(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """Build the wheel once, from a copy of the sources so the checkout's build/ is left alone."""
-    work = tmp_path_factory.mktemp("wheel")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, work / name)
-    shutil.copytree(ROOT / "src", work / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    result = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check",
-         "--outdir", str(work / "dist"), str(work)],
-        capture_output=True, text=True, check=False,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    (wheel,) = (work / "dist").glob("*.whl")
+def console_scripts(wheel: Path) -> set[str]:
     with zipfile.ZipFile(wheel) as archive:
         (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
         parser = configparser.ConfigParser()

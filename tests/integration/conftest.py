@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nvdp.config.sources import CONFIG_FILE_ENV, ENV_VARS
-from nvdp.kubelet_sim import KubeletSim
+from sim.kubelet import KubeletSim
 from sim.nvml import NodeSim, build_library
 
 POLL_S = 0.02

@@ -14,7 +14,7 @@ import pytest
 
 from nvdp.config.loader import load_config
 from nvdp.doctor.checks import Doctor, Where
-from nvdp.kubelet_sim import KubeletSim
+from sim.kubelet import KubeletSim
 from sim.nvml import NodeSim
 from tests.integration.scrape import free_port, wait_for_http
 from tests.kube.envtest import ControlPlane

@@ -13,10 +13,10 @@ import grpc
 import pytest
 
 from nvdp.config.loader import load_config
-from nvdp.kubelet_sim import KubeletSim
 from nvdp.plan import plan
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 from nvdp.plugin.wire import pb_grpc
+from sim.kubelet import KubeletSim
 
 from .conftest import MakePlugin
 

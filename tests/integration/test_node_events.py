@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from nvdp.kubelet_sim import KubeletSim
+from sim.kubelet import KubeletSim
 from tests.kube.envtest import ControlPlane
 
 from .conftest import MakePlugin

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_sim import KubeletSim, KubeletSimError
+from sim.kubelet import KubeletSim, KubeletSimError
 from tests.integration.scrape import free_port, get, scrape, value, wait_for_http
 
 from .conftest import MakeBarePlugin, MakePlugin

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from nvdp.config.loader import load_config
-from nvdp.kubelet_sim import KubeletSim
 from nvdp.plan import plan
+from sim.kubelet import KubeletSim
 
 from .conftest import MakeBarePlugin, MakePlugin, PluginProcess
 

@@ -20,11 +20,11 @@ from nvdp.config.loader import load_config_text
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.inventory.profile import load_profile
-from nvdp.kubelet_sim import KubeletSim
 from nvdp.plan import plan
 from nvdp.plan.model import Plan
 from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
 from nvdp.plugin.manager import PluginManager
+from sim.kubelet import KubeletSim
 from sim.nvml import resolve_profile
 
 LOG = logging.getLogger("test.serving")

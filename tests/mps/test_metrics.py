@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_sim import KubeletSim
+from sim.kubelet import KubeletSim
 from sim.mps import read_record
 from tests.integration.scrape import free_port, scrape, value, wait_for_http
 

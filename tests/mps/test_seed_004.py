@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_sim import KubeletSim
 from nvdp.mps.paths import ResourcePaths
+from sim.kubelet import KubeletSim
 from sim.mps import read_record, recorded_commands
 
 from .processes import MpsNode

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_sim import KubeletSim
 from nvdp.mps.paths import ResourcePaths
+from sim.kubelet import KubeletSim
 
 from .processes import MpsNode
 from .waiting import wait_for

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.kubelet_sim import KubeletSim
+from sim.kubelet import KubeletSim
 
 
 @pytest.fixture

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import generate_api as generate
 import pytest
 
 from nvdp.plugin.api import deviceplugin_pb2 as pb
-from nvdp.plugin.api import generate
 
 
 def test_committed_modules_match_the_proto(tmp_path: Path) -> None:
@@ -19,9 +19,9 @@ def test_committed_modules_match_the_proto(tmp_path: Path) -> None:
     written = generate.generate(tmp_path)
     for fresh in written:
         committed = generate.API_DIR / fresh.name
-        assert committed.exists(), f"{committed} is missing; run: python -m nvdp.plugin.api.generate"
+        assert committed.exists(), f"{committed} is missing; run: python scripts/generate_api.py"
         assert committed.read_text() == fresh.read_text(), (
-            f"{committed.name} is stale; run: python -m nvdp.plugin.api.generate"
+            f"{committed.name} is stale; run: python scripts/generate_api.py"
         )
 
 

@@ -13,10 +13,10 @@ import pytest
 from grpc_factories import config_with, make_inventory, whole_gpu_resource
 from msgspec.structs import replace
 
-from nvdp.kubelet_sim import KubeletSim, main
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 from nvdp.plugin.api import deviceplugin_pb2_grpc as _pb_grpc
 from nvdp.plugin.server import ResourceServer
+from sim.kubelet import KubeletSim, main
 
 # The generated service module has no type hints.
 pb_grpc: Any = _pb_grpc

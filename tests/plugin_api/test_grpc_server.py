@@ -16,7 +16,6 @@ from msgspec.structs import replace
 
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
-from nvdp.kubelet_sim import KubeletSim, KubeletSimError
 from nvdp.plan.model import PlannedResource
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 from nvdp.plugin.grpc_client import RegistrationError
@@ -24,6 +23,7 @@ from nvdp.plugin.owned_socket import ServerStartError
 from nvdp.plugin.preferred import PreferredAllocator
 from nvdp.plugin.server import ResourceServer
 from nvdp.plugin.wire import KUBELET_MAX_RECEIVE_BYTES, list_and_watch_bytes, oversized, pb_grpc
+from sim.kubelet import KubeletSim, KubeletSimError
 
 GPU = "nvidia.com/gpu"
 

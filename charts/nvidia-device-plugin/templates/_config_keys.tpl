@@ -1,5 +1,5 @@
 {{/*
-Generated from config-schema.json by `python -m tests.chart.chart_schema_sync`; do not edit.
+Generated from config-schema.json by `python scripts/chart_schema_sync.py`; do not edit.
 Known keys of each object in the plugin's config file, for validation.yaml.
 */}}
 {{- define "nvidia-device-plugin.configKeys" -}}

@@ -9,9 +9,7 @@ time. Nothing here raises.
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Mapping
-from typing import Any
 
 from msgspec import Struct
 
@@ -55,7 +53,7 @@ def read_node_labels(node: str, kubeconfig: str | None, seconds: float) -> Label
 
 
 def _read(node: str, kubeconfig: str | None) -> LabelRead:
-    from nvdp.kube import KubeConnectError, connect, get_node_labels
+    from nvdp.kube import KubeConnectError, connect, get_node_labels, server_address
 
     try:
         client = connect(kubeconfig)
@@ -67,25 +65,15 @@ def _read(node: str, kubeconfig: str | None) -> LabelRead:
     try:
         return LabelRead(get_node_labels(client, node).labels)
     except Exception as err:  # every error becomes a report line
-        return _explain(err, _server(client))
-
-
-def _server(client: Any) -> str:
-    """The API server's address, read from lightkube's HTTP client (for the report only)."""
-    try:
-        return str(client._client._client.base_url).rstrip("/")
-    except AttributeError:
-        return "the configured address"
+        return _explain(err, server_address(client))
 
 
 def _explain(err: Exception, where: str) -> LabelRead:
-    import httpx2
-    import msgspec
-    from lightkube.core.exceptions import ApiError
+    from nvdp.kube import classify
 
-    if isinstance(err, ApiError):
-        code = err.status.code or 0
-        message = err.status.message or err.status.reason or ""
+    failure = classify(err)
+    if failure.kind == "status":
+        code, message = failure.code, failure.detail
         if code in (401, 403):
             return LabelRead(
                 None,
@@ -102,29 +90,27 @@ def _explain(err: Exception, where: str) -> LabelRead:
                 error=True,
             )
         return LabelRead(None, f"the API server answered {code}: {message}", FIX_ADDRESS, error=True)
-    if isinstance(err, (msgspec.DecodeError, ValueError)):
+    if failure.kind == "not-json":
         return LabelRead(
             None,
-            f"the server at {where} answered something that is not the Kubernetes API (not JSON: {err}); "
-            "often a proxy, load balancer or login page",
+            f"the server at {where} answered something that is not the Kubernetes API (not JSON: "
+            f"{failure.detail}); often a proxy, load balancer or login page",
             FIX_ADDRESS,
             error=True,
         )
-    if isinstance(err, ssl.SSLError) or isinstance(_cause(err), ssl.SSLError) or "SSL" in str(err):
+    if failure.kind == "tls":
         return LabelRead(
             None,
-            f"TLS with the API server at {where} failed: {err}",
+            f"TLS with the API server at {where} failed: {failure.detail}",
             "the kubeconfig's certificate-authority (in a pod, the service account's ca.crt) must be the "
             "CA that signed the API server's certificate, and the address must be one the certificate "
             "names",
             error=True,
         )
-    if isinstance(err, httpx2.TimeoutException):
-        return LabelRead(None, f"the API server at {where} did not answer in time ({err})", FIX_ADDRESS, True)
-    if isinstance(err, (httpx2.HTTPError, OSError)):
-        return LabelRead(None, f"cannot reach the API server at {where}: {err}", FIX_ADDRESS, error=True)
-    return LabelRead(None, f"reading the Node failed: {type(err).__name__}: {err}", FIX_ADDRESS, error=True)
-
-
-def _cause(err: BaseException) -> BaseException | None:
-    return err.__cause__ or err.__context__
+    if failure.kind == "timeout":
+        return LabelRead(None, f"the API server at {where} did not answer in time ({failure.detail})",
+                         FIX_ADDRESS, True)
+    if failure.kind == "unreachable":
+        return LabelRead(None, f"cannot reach the API server at {where}: {failure.detail}", FIX_ADDRESS,
+                         error=True)
+    return LabelRead(None, f"reading the Node failed: {failure.detail}", FIX_ADDRESS, error=True)

@@ -244,7 +244,7 @@ def run(opts: ProcessOptions, env: Mapping[str, str]) -> int:
     recorder = Recorder()
     try:
         if opts.node_config is not None:
-            from nvdp.plugin.node_events import NodeEvents
+            from nvdp.node_events import NodeEvents
 
             recorder.attach_events(NodeEvents.from_env(env, log, component="gpu-feature-discovery",
                                                        node_name=opts.node_name, kubeconfig=opts.kubeconfig))

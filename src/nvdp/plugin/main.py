@@ -245,8 +245,8 @@ class PluginProcess:
         return None
 
     def run(self, inbox: Inbox) -> int:
+        from nvdp.node_events import NodeEvents
         from nvdp.plugin import observe
-        from nvdp.plugin.node_events import NodeEvents
         from nvdp.plugin.state import ServingView
 
         try:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
 
 from msgspec import Struct
 from msgspec.structs import replace
@@ -35,6 +34,7 @@ from nvdp.plugin.resource import (
     default_gate_factory,
     default_server_factory,
 )
+from nvdp.text import short_list
 
 __all__ = ["GateFactory", "PlanDiff", "PluginManager", "ReadinessGate", "ResourceServerLike",
            "ServerFactory", "default_gate_factory", "default_server_factory", "diff_plans"]
@@ -240,7 +240,7 @@ class PluginManager:
             was_healthy = {d.id for d in old.devices if d.healthy}
             newly = [d.id for d in new.devices if not d.healthy and d.id in was_healthy]
             self._log.warning(
-                "%s: %d device(s) marked unhealthy (%s): %s", new.name, len(newly), reason, _short_list(newly)
+                "%s: %d device(s) marked unhealthy (%s): %s", new.name, len(newly), reason, short_list(newly)
             )
 
     def kubelet_restarted(self) -> None:
@@ -292,8 +292,3 @@ def _stop_all(resources: list[RunningResource], log: logging.Logger) -> None:
         if thread.is_alive():
             log.warning("%s did not finish within %gs; going on", thread.name, STOP_TIMEOUT_S)
 
-
-def _short_list(ids: Iterable[str], limit: int = 4) -> str:
-    items = list(ids)
-    shown = ", ".join(items[:limit])
-    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"

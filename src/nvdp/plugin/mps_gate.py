@@ -22,12 +22,12 @@ from nvdp import recording
 from nvdp.mps import control
 from nvdp.mps.paths import HOST_ROOT_ENV, ResourcePaths, container_root, unusable_root, unusable_root_message
 from nvdp.mps.status import DaemonStatus, read_status
+from nvdp.node_events import NODE_NAME_ENV
 from nvdp.plugin.guard import guarded_loop, guarded_thread
 
 MPS_CAPABLE_LABEL = "nvidia.com/mps.capable=true"
 WAIT_LOG_INTERVAL_ENV = "MPS_WAIT_LOG_INTERVAL"
 PROBE_INTERVAL_ENV = "MPS_PROBE_INTERVAL"
-NODE_NAME_ENV = "NODE_NAME"
 DEFAULT_WAIT_LOG_INTERVAL_S = 30.0
 DEFAULT_PROBE_INTERVAL_S = 5.0
 # How often the marker is looked for while waiting: cheap, and serving should start promptly.

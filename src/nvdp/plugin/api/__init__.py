@@ -1,6 +1,6 @@
 """Kubernetes device-plugin API v1beta1: the .proto and the Python modules generated from it.
 
-Everything here except `generate.py` is generated; regenerate with `python -m nvdp.plugin.api.generate`.
+Everything here but the .proto is generated; regenerate with `python scripts/generate_api.py`.
 The generated service module imports grpc, so the package imports it first the plugin's way.
 """
 

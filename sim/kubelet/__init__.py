@@ -1,4 +1,7 @@
-"""A small kubelet stand-in for tests, benchmarks and demos: the device-manager half of the kubelet.
+"""A kubelet stand-in for tests, the benchmark and the demo: the device-manager half of the kubelet.
+
+Never installed with nvdp and never in the released images: it removes any `kubelet.sock` in the
+directory it is given.
 
 It serves `Registration` on `<dir>/kubelet.sock`; for each registration it connects back to
 `<dir>/<endpoint>`, asks for the plugin's options and follows ListAndWatch, keeping the latest device
@@ -9,7 +12,7 @@ list per resource. Allocate and GetPreferredAllocation can then be called the wa
         devices = kubelet.wait_for_resource("nvidia.com/gpu", count=8)
         response = kubelet.allocate("nvidia.com/gpu", [[devices[0]["id"]]])
 
-CLI: nvdp-kubelet-sim --dir D [--allocate RES --count N] [--duration S] [--json]
+CLI: python -m sim.kubelet --dir D [--allocate RES --count N] [--duration S] [--json]
 """
 
 from __future__ import annotations
@@ -369,7 +372,7 @@ def _printer(as_json: bool) -> Callable[[Event], None]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="nvdp-kubelet-sim",
+        prog="python -m sim.kubelet",
         description="Serve the kubelet's device-plugin Registration socket and follow registered plugins.",
     )
     parser.add_argument(

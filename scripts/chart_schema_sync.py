@@ -16,7 +16,7 @@ Two files in the chart are generated from the repository's config-schema.json:
   knows, so a misplaced or wrongly cased key gets the same suggestion at install time as from
   `nvdp config validate` (a misspelt one gets the list of keys valid there).
 
-Run `python -m tests.chart.chart_schema_sync` from the repository root to rewrite both;
+Run `python scripts/chart_schema_sync.py` from the repository root to rewrite both;
 `--check` only reports whether they are stale (exit status 1).
 """
 
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CONFIG_SCHEMA = ROOT / "config-schema.json"
 CHART_DIR = ROOT / "charts" / "nvidia-device-plugin"
 VALUES_SCHEMA = CHART_DIR / "values.schema.json"
@@ -157,7 +157,7 @@ def keys_template(config_schema: Json) -> str:
     hints = json.dumps(key_hints(config_schema), sort_keys=True)
     return (
         "{{/*\n"
-        "Generated from config-schema.json by `python -m tests.chart.chart_schema_sync`; do not edit.\n"
+        "Generated from config-schema.json by `python scripts/chart_schema_sync.py`; do not edit.\n"
         "Known keys of each object in the plugin's config file, for validation.yaml.\n"
         "*/}}\n"
         '{{- define "nvidia-device-plugin.configKeys" -}}\n'

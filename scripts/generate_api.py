@@ -1,7 +1,7 @@
-"""Regenerate the device-plugin API modules from deviceplugin.proto.
+"""Regenerate the device-plugin API modules (src/nvdp/plugin/api) from deviceplugin.proto.
 
-    python -m nvdp.plugin.api.generate            # rewrite the committed modules
-    python -m nvdp.plugin.api.generate --out DIR  # write them elsewhere (the staleness test does)
+    python scripts/generate_api.py            # rewrite the committed modules
+    python scripts/generate_api.py --out DIR  # write them elsewhere (the staleness test does)
 
 The output depends on the grpcio-tools version, so the version used is pinned here; a different
 one is refused rather than producing files that differ for no reason.
@@ -17,7 +17,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-API_DIR = Path(__file__).resolve().parent
+API_DIR = Path(__file__).resolve().parents[1] / "src" / "nvdp" / "plugin" / "api"
 PROTO = "deviceplugin.proto"
 GENERATED = ("deviceplugin_pb2.py", "deviceplugin_pb2.pyi", "deviceplugin_pb2_grpc.py")
 GRPC_TOOLS_VERSION = "1.85.1"
