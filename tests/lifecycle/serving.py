@@ -24,6 +24,7 @@ from nvdp.plan import plan
 from nvdp.plan.model import Plan
 from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
 from nvdp.plugin.manager import PluginManager
+from nvdp.recording import Recorder
 from sim.kubelet import KubeletSim
 from sim.nvml import resolve_profile
 
@@ -85,7 +86,7 @@ def short_dir() -> Iterator[Path]:
 def serving(directory: Path, **manager_args: Any) -> Iterator[PluginManager]:
     """A manager serving the plain plan, re-registering on kubelet restarts as the plugin does."""
     first, chosen = planned(directory)
-    manager = PluginManager(chosen, node(), LOG, retry_interval_s=0.05, **manager_args)
+    manager = PluginManager(chosen, node(), LOG, recorder=Recorder(), retry_interval_s=0.05, **manager_args)
     watcher = KubeletSocketWatcher(chosen.flags.plugin.kubelet_socket_path, manager.kubelet_restarted, LOG)
     watcher.start()
     manager.apply(first)

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from nvdp import recording
 from nvdp.config.model import Config, Flags, PluginFlags
 from nvdp.plugin.health import HealthMonitor, event_targets
 from nvdp.plugin.nvml_event import event_fields
@@ -87,7 +88,7 @@ def test_event_targets_gpu_and_mig() -> None:
     assert event_targets(inv, "GPU-9", 1, 0) == {"GPU-9"}
 
 
-class Recorder:
+class Reports:
     def __init__(self) -> None:
         self.calls: queue.Queue[tuple[frozenset[str], str]] = queue.Queue()
 
@@ -98,16 +99,17 @@ class Recorder:
         return self.calls.get(timeout=5)
 
 
-def start_monitor(nvml: FakeNvml, policy: XidPolicy | None = None) -> tuple[HealthMonitor, Recorder]:
+def start_monitor(nvml: FakeNvml, policy: XidPolicy | None = None) -> tuple[HealthMonitor, Reports]:
     inv = inventory(gpu(0), gpu(1, mig=(mig_device(1, 0, 3, 0),)))
-    recorder = Recorder()
-    monitor = HealthMonitor(inv, policy or xid_policy(), recorder, LOG, nvml=nvml, wait_ms=20)
-    return monitor, recorder
+    reports = Reports()
+    monitor = HealthMonitor(inv, policy or xid_policy(), reports, LOG, recorder=recording.Recorder(),
+                            nvml=nvml, wait_ms=20)
+    return monitor, reports
 
 
 def test_monitor_reports_critical_xid_and_skips_ignored_and_ecc() -> None:
     nvml = FakeNvml(["GPU-0", "GPU-1"])
-    monitor, recorder = start_monitor(nvml)
+    monitor, reports = start_monitor(nvml)
     assert monitor.start()
     try:
         assert nvml.registered == {"GPU-0": 0xA, "GPU-1": 0xA}
@@ -115,27 +117,35 @@ def test_monitor_reports_critical_xid_and_skips_ignored_and_ecc() -> None:
         nvml.events.put(Event(nvml.handles["GPU-0"], 0x2, 0))
         nvml.events.put(Event(nvml.handles["GPU-1"], 0x8, 48, 3, 0))
         nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 79))
-        assert recorder.next() == (frozenset({"MIG-1-0"}), "XID 48 (critical error)")
-        assert recorder.next() == (frozenset({"GPU-0"}), "XID 79 (GPU has fallen off the bus)")
+        assert reports.next() == (frozenset({"MIG-1-0"}), "XID 48 (critical error)")
+        assert reports.next() == (frozenset({"GPU-0"}), "XID 79 (GPU has fallen off the bus)")
     finally:
         monitor.stop()
-    assert recorder.calls.empty()
+    assert reports.calls.empty()
     assert nvml.init_count == 0
 
 
-def test_an_xid_is_counted_before_its_devices_are_marked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whoever sees a device Unhealthy (the kubelet, a metrics scrape) must find its XID counted."""
-    from nvdp import recording
+class XidCounter(recording.Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counted: list[tuple[str, int, str]] = []
 
-    counted: list[tuple[str, int, str]] = []
-    monkeypatch.setattr(recording, "xid", lambda gpu, code, action: counted.append((gpu, code, action)))
+    def xid(self, gpu: str, code: int, action: str) -> None:
+        self.counted.append((gpu, code, action))
+
+
+def test_an_xid_is_counted_before_its_devices_are_marked() -> None:
+    """Whoever sees a device Unhealthy (the kubelet, a metrics scrape) must find its XID counted."""
+    counter = XidCounter()
+    counted = counter.counted
     at_report: queue.Queue[list[tuple[str, int, str]]] = queue.Queue()
     nvml = FakeNvml(["GPU-0"])
 
     def report(_uuids: frozenset[str], _reason: str) -> None:
         at_report.put(list(counted))
 
-    monitor = HealthMonitor(inventory(gpu(0)), xid_policy(), report, LOG, nvml=nvml, wait_ms=20)
+    monitor = HealthMonitor(inventory(gpu(0)), xid_policy(), report, LOG, recorder=counter,
+                            nvml=nvml, wait_ms=20)
     assert monitor.start()
     try:
         nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 79))
@@ -146,27 +156,27 @@ def test_an_xid_is_counted_before_its_devices_are_marked(monkeypatch: pytest.Mon
 
 def test_monitor_repeated_xid_is_reported_once() -> None:
     nvml = FakeNvml(["GPU-0", "GPU-1"])
-    monitor, recorder = start_monitor(nvml)
+    monitor, reports = start_monitor(nvml)
     assert monitor.start()
     try:
         nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 48))
         nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 48))
         nvml.events.put(Event(nvml.handles["GPU-1"], 0x8, 48))
-        assert recorder.next()[0] == {"GPU-0"}
-        assert recorder.next()[0] == {"GPU-1"}
+        assert reports.next()[0] == {"GPU-0"}
+        assert reports.next()[0] == {"GPU-1"}
     finally:
         monitor.stop()
-    assert recorder.calls.empty()
+    assert reports.calls.empty()
 
 
 def test_monitor_lost_gpu_on_wait_error() -> None:
     nvml = FakeNvml(["GPU-0", "GPU-1"])
-    monitor, recorder = start_monitor(nvml)
+    monitor, reports = start_monitor(nvml)
     assert monitor.start()
     try:
         nvml.lost.add("GPU-1")
         nvml.events.put(NVMLError(nvml.NVML_ERROR_GPU_IS_LOST))
-        uuids, reason = recorder.next()
+        uuids, reason = reports.next()
         assert uuids == {"GPU-1"}
         assert reason == "GPU is lost (NVML error 15)"
     finally:
@@ -175,11 +185,11 @@ def test_monitor_lost_gpu_on_wait_error() -> None:
 
 def test_monitor_unexplained_wait_error_marks_all() -> None:
     nvml = FakeNvml(["GPU-0", "GPU-1"])
-    monitor, recorder = start_monitor(nvml)
+    monitor, reports = start_monitor(nvml)
     assert monitor.start()
     try:
         nvml.events.put(NVMLError(999))
-        uuids, reason = recorder.next()
+        uuids, reason = reports.next()
         assert uuids == {"GPU-0", "GPU-1"}
         assert reason == "error waiting for NVML events (NVML error 999)"
     finally:
@@ -189,13 +199,13 @@ def test_monitor_unexplained_wait_error_marks_all() -> None:
 def test_monitor_too_old_gpu_is_skipped_not_unhealthy(caplog: pytest.LogCaptureFixture) -> None:
     nvml = FakeNvml(["GPU-0", "GPU-1"])
     nvml.not_supported.add("GPU-0")
-    monitor, recorder = start_monitor(nvml)
+    monitor, reports = start_monitor(nvml)
     with caplog.at_level(logging.INFO):
         assert monitor.start()
     monitor.stop()
     assert "GPU 0 (GPU-0) is too old for health checks; skipping it" in caplog.messages
     assert list(nvml.registered) == ["GPU-1"]
-    assert recorder.calls.empty()
+    assert reports.calls.empty()
 
 
 def test_monitor_disabled_uses_no_nvml(caplog: pytest.LogCaptureFixture) -> None:
@@ -234,7 +244,8 @@ def test_monitor_consumer_error_does_not_stop_the_loop() -> None:
             raise RuntimeError("boom")
         done.put(True)
 
-    monitor = HealthMonitor(inventory(gpu(0), gpu(1)), xid_policy(), consumer, LOG, nvml=nvml, wait_ms=20)
+    monitor = HealthMonitor(inventory(gpu(0), gpu(1)), xid_policy(), consumer, LOG,
+                            recorder=recording.Recorder(), nvml=nvml, wait_ms=20)
     assert monitor.start()
     try:
         nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 48))
@@ -256,12 +267,12 @@ def test_an_event_that_cannot_be_handled_is_logged_and_checking_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     nvml = FakeNvml(["GPU-0", "GPU-1"])
-    monitor, recorder = start_monitor(nvml)
+    monitor, reports = start_monitor(nvml)
     assert monitor.start()
     try:
         nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, Unreadable()))  # type: ignore[arg-type]
         nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 48))
-        assert recorder.next() == (frozenset({"GPU-0"}), "XID 48 (critical error)")
+        assert reports.next() == (frozenset({"GPU-0"}), "XID 48 (critical error)")
     finally:
         monitor.stop()
     failures = [r for r in caplog.records if r.getMessage().startswith("Health checking failed unexpectedly")]

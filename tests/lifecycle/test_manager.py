@@ -14,6 +14,7 @@ from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan, PlannedDevice, PlannedResource
 from nvdp.plugin.manager import PlanDiff, PluginManager, diff_plans
 from nvdp.plugin.owned_socket import SocketState
+from nvdp.recording import Recorder
 
 from .fakes import gpu, inventory
 
@@ -94,7 +95,8 @@ class Book:
         self.fail_start: set[str] = set()
 
     def factory(
-        self, resource: PlannedResource, config: Config, inv: Inventory, log: logging.Logger
+        self, resource: PlannedResource, config: Config, inv: Inventory, log: logging.Logger,
+        recorder: Recorder,
     ) -> FakeServer:
         server = FakeServer(resource, config, inv, log, self)
         self.servers.append(server)
@@ -108,7 +110,7 @@ def make_config(tmp_path: Path, **plugin: object) -> Config:
     return Config(flags=Flags(plugin=PluginFlags(device_plugin_path=str(tmp_path), **plugin)))  # type: ignore[arg-type]
 
 
-def no_gate(resource: PlannedResource, config: Config, log: logging.Logger) -> None:
+def no_gate(resource: PlannedResource, config: Config, log: logging.Logger, recorder: Recorder) -> None:
     return None
 
 
@@ -118,7 +120,7 @@ def book() -> Book:
 
 
 def manager(tmp_path: Path, book: Book, config: Config | None = None) -> PluginManager:
-    return PluginManager(config or make_config(tmp_path), inventory(gpu(0), gpu(1)), LOG,
+    return PluginManager(config or make_config(tmp_path), inventory(gpu(0), gpu(1)), LOG, recorder=Recorder(),
                          server_factory=book.factory, gate_factory=no_gate, retry_interval_s=0.01)
 
 
@@ -272,8 +274,9 @@ def test_gated_resource_waits_then_follows_readiness(tmp_path: Path, book: Book)
     (tmp_path / "kubelet.sock").write_text("")
     gate = FakeGate()
     mps = replace(SHARED, name="nvidia.com/gpu", sharing="mps")
-    m = PluginManager(make_config(tmp_path), inventory(gpu(0), gpu(1)), LOG, server_factory=book.factory,
-                      gate_factory=lambda r, c, lg: gate, retry_interval_s=0.01)
+    m = PluginManager(make_config(tmp_path), inventory(gpu(0), gpu(1)), LOG, recorder=Recorder(),
+                      server_factory=book.factory, gate_factory=lambda r, c, lg, rec: gate,
+                      retry_interval_s=0.01)
     m.apply(Plan(resources=(mps,)))
     assert book.live() == {}
     gate.ready.set()

@@ -14,6 +14,7 @@ from nvdp.mps.daemons import plan_mps
 from nvdp.mps.paths import ResourcePaths
 from nvdp.mps.status import DaemonStatus, read_status
 from nvdp.mps.supervisor import Backoff, ResourceDaemon
+from nvdp.recording import Recorder
 from sim.mps import read_record, recorded_commands
 
 from .fakes import FakeModes
@@ -41,6 +42,7 @@ def daemon(mps_root: Path, record: Path) -> Iterator[ResourceDaemon]:
         logging.getLogger("test.mps"),
         probe_interval_s=0.05,
         backoff=Backoff(first_s=0.05, max_s=0.2),
+        recorder=Recorder(),
     )
     yield d
     d.stop()
@@ -135,6 +137,7 @@ def test_start_failure_is_retried_with_growing_pauses(
         FakeModes(),
         logging.getLogger("test.mps"),
         backoff=Backoff(first_s=0.01, max_s=0.04),
+        recorder=Recorder(),
     )
     d.start()
     try:

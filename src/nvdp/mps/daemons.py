@@ -13,6 +13,7 @@ from nvdp.mps.compute_mode import ComputeModes
 from nvdp.mps.paths import ResourcePaths
 from nvdp.mps.supervisor import ResourceDaemon
 from nvdp.plan import Plan, plan
+from nvdp.recording import Recorder
 
 
 def mps_settings_for(resource_plan: Plan, inventory: Inventory) -> list[MpsSettings]:
@@ -35,11 +36,14 @@ class Daemons:
         modes_factory: Callable[[], ComputeModes],
         log: logging.Logger,
         probe_interval_s: float,
+        *,
+        recorder: Recorder,
     ) -> None:
         self.settings = list(settings)
         self.root = root
         self.modes_factory = modes_factory
         self.log = log
+        self.recorder = recorder
         self.probe_interval_s = probe_interval_s
         self.running: list[ResourceDaemon] = []
         self.modes: ComputeModes | None = None
@@ -55,6 +59,7 @@ class Daemons:
                 modes,
                 self.log,
                 probe_interval_s=self.probe_interval_s,
+                recorder=self.recorder,
             )
             daemon.start()
             self.running.append(daemon)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from nvdp import __version__, recording, runloop
+from nvdp import __version__, runloop
 from nvdp.endpoints import HttpEndpoints, Response, parse_address
 from nvdp.mps import hostmount, shm
 from nvdp.mps.commands import MpsConfigError, MpsSettings
@@ -38,6 +38,7 @@ from nvdp.mps.daemons import Daemons, plan_mps
 from nvdp.mps.paths import ResourcePaths, container_root, shm_dir, unusable_root, unusable_root_message
 from nvdp.mps.supervisor import DEFAULT_PROBE_INTERVAL_S
 from nvdp.nodeconfig import Chosen, NodeConfig, add_node_config_arguments, follow
+from nvdp.recording import Recorder
 from nvdp.runloop import Inbox, Wake, Wakes
 
 PROG = "mps-control-daemon"
@@ -79,11 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def start_metrics(address: str) -> HttpEndpoints:
-    """Serve the daemon's series; OSError when the address cannot be bound."""
+def start_metrics(address: str, recorder: Recorder) -> HttpEndpoints:
+    """Serve the daemon's series, recorded by `recorder`; OSError when the address cannot be bound."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    series = recording.enable()
+    series = recorder.enable_metrics()
 
     def scrape() -> Response:
         return Response(200, generate_latest(series.MPS_DAEMON), CONTENT_TYPE_LATEST)
@@ -260,10 +261,13 @@ class CannotStart(Exception):
 class MpsDaemonProcess:
     """Puts the chosen config's daemons in force (the `switch` of nvdp.nodechoice) and stops them."""
 
-    def __init__(self, args: argparse.Namespace, root: Path, probe_interval: float) -> None:
+    def __init__(
+        self, args: argparse.Namespace, root: Path, probe_interval: float, recorder: Recorder
+    ) -> None:
         self.args = args
         self.root = root
         self.probe_interval = probe_interval
+        self.recorder = recorder
         self.current: Daemons | None = None
 
     def switch(self, chosen: Chosen | None) -> None:
@@ -283,7 +287,8 @@ class MpsDaemonProcess:
             log.info("reloading: stopping the running MPS daemons")
             self.current.stop()
         log.info("config: %s", source)
-        self.current = Daemons(settings, self.root, modes_factory, log, self.probe_interval)
+        self.current = Daemons(settings, self.root, modes_factory, log, self.probe_interval,
+                               recorder=self.recorder)
         if not settings:
             log.info("no resource is shared with MPS in %s; nothing to do", source)
         for item in settings:
@@ -312,20 +317,22 @@ def run(args: argparse.Namespace) -> int:
 
     inbox = Inbox()
     probe_interval = env_seconds(PROBE_INTERVAL_ENV, DEFAULT_PROBE_INTERVAL_S)
-    process = MpsDaemonProcess(args, container_root(), probe_interval)
+    # The daemon's one Recorder: its metrics, no Events (the plugin records those for this node).
+    recorder = Recorder()
+    process = MpsDaemonProcess(args, container_root(), probe_interval, recorder)
     log.info("%s %s", PROG, __version__)
     metrics: HttpEndpoints | None = None
     node_config: NodeConfig | None = None
     try:
         if args.metrics_address:
             try:
-                metrics = start_metrics(args.metrics_address)
+                metrics = start_metrics(args.metrics_address, recorder)
             except OSError as err:
                 log.error("cannot listen on %s: %s; choose another --metrics-address", args.metrics_address,
                           err.strerror or err)
                 return 1
         try:
-            # The plugin records the Events for this node; the daemon only logs (no recorder).
+            # The plugin records the Events for this node; the daemon only logs them.
             node_config = follow(args, os.environ, lambda: inbox.post(Wake.NODE_CONFIG), log)
             rule = NodeConfigRule(node_config, node_config.report if node_config else _log_only, log)
             rule.start(process.switch)

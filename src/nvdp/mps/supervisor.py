@@ -20,13 +20,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from nvdp import recording
 from nvdp.mps import control
 from nvdp.mps.commands import MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes
 from nvdp.mps.logtail import LogTail, max_bytes_from_env
 from nvdp.mps.paths import ResourcePaths, unusable_root, unusable_root_message
 from nvdp.mps.status import REFRESH_S, State, write_status
+from nvdp.recording import Recorder
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -74,11 +74,14 @@ class ResourceDaemon:
         log: logging.Logger,
         probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
         backoff: Backoff | None = None,
+        *,
+        recorder: Recorder,
     ) -> None:
         self.settings = settings
         self.paths = paths
         self.modes = modes
         self.log = log
+        self.recorder = recorder
         self.probe_interval_s = probe_interval_s
         self.backoff = backoff or Backoff()
         self.pid: int | None = None
@@ -156,9 +159,9 @@ class ResourceDaemon:
             problem, was_running = failure
             self._publish("failing", problem)
             if not was_running:
-                recording.mps_daemon_start(self.name, False)
-            recording.mps_daemon_ready(self.name, False)
-            recording.mps_daemon_restart(self.name)
+                self.recorder.mps_daemon_start(self.name, False)
+            self.recorder.mps_daemon_ready(self.name, False)
+            self.recorder.mps_daemon_restart(self.name)
             delay = self.backoff.next()
             if was_running:
                 self.log.warning("%s: %s; restarting it in %gs", self.name, problem, delay)
@@ -254,8 +257,8 @@ class ResourceDaemon:
         self._probe()
         self.paths.ready_marker.write_text(f"{self.pid or ''}\n")
         self._publish("ready", None)
-        recording.mps_daemon_start(self.name, True)
-        recording.mps_daemon_ready(self.name, True)
+        self.recorder.mps_daemon_start(self.name, True)
+        self.recorder.mps_daemon_ready(self.name, True)
         self.log.info("%s: ready (%s)", self.name, self.paths.ready_marker)
 
     def _watch(self) -> str | None:
@@ -280,19 +283,19 @@ class ResourceDaemon:
             output = control.send_commands(commands, self.env).strip()
         except control.MpsCommandError:
             for command in commands:
-                recording.mps_command(self.name, command.split()[0], False)
+                self.recorder.mps_command(self.name, command.split()[0], False)
             raise
         for command in commands:
-            recording.mps_command(self.name, command.split()[0], True)
+            self.recorder.mps_command(self.name, command.split()[0], True)
         return output
 
     def _probe(self) -> None:
         try:
             control.probe(self.paths.pipe_dir)
         except control.MpsCommandError:
-            recording.mps_command(self.name, control.PROBE_COMMAND, False)
+            self.recorder.mps_command(self.name, control.PROBE_COMMAND, False)
             raise
-        recording.mps_command(self.name, control.PROBE_COMMAND, True)
+        self.recorder.mps_command(self.name, control.PROBE_COMMAND, True)
 
     def _read_pid(self) -> int | None:
         try:

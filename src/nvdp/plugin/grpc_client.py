@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 import os
 
-from nvdp import recording
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 from nvdp.plugin.grpc_import import grpc
 from nvdp.plugin.wire import pb_grpc, register_request
+from nvdp.recording import Recorder
 
 _HINT = (
     "check that the kubelet runs and that flags.plugin.kubeletSocket / devicePluginPath point at its "
@@ -30,19 +30,20 @@ def fresh_channel(socket_path: str) -> grpc.Channel:
     return grpc.insecure_channel(f"unix://{socket_path}", options=[("grpc.use_local_subchannel_pool", 1)])
 
 
-def register(kubelet_socket: str, name: str, endpoint: str, timeout: float, log: logging.Logger) -> None:
+def register(kubelet_socket: str, name: str, endpoint: str, timeout: float, log: logging.Logger,
+             recorder: Recorder) -> None:
     """Announce resource `name`, served on `endpoint` in the kubelet's directory, to its Registration
-    service; RegistrationError says why not."""
+    service (`recorder` counts the attempts); RegistrationError says why not."""
     request = register_request(name, endpoint)
     if not os.path.exists(kubelet_socket):
-        recording.registration(name, False)
+        recorder.registration(name, False)
         raise RegistrationError(f"cannot register {name}: no kubelet socket at {kubelet_socket}; {_HINT}")
     try:
         # wait_for_ready: connect (or keep retrying the connection) within the same deadline.
         with fresh_channel(kubelet_socket) as channel:
             pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout, wait_for_ready=True)
     except grpc.RpcError as err:
-        recording.registration(name, False)
+        recorder.registration(name, False)
         if not os.path.exists(kubelet_socket):
             raise RegistrationError(
                 f"cannot register {name}: {kubelet_socket} was removed while registering (the kubelet "
@@ -56,7 +57,7 @@ def register(kubelet_socket: str, name: str, endpoint: str, timeout: float, log:
         raise RegistrationError(
             f"the kubelet at {kubelet_socket} refused {name}: {err.code().name}: {err.details()}"
         ) from err
-    recording.registration(name, True)
+    recorder.registration(name, True)
     log.info("Registered device plugin for '%s' with Kubelet", name)
 
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nvdp import recording
 from nvdp.inventory.model import Gpu, Inventory
 from nvdp.plugin.guard import guarded_loop, guarded_thread
 from nvdp.plugin.nvml_event import (
@@ -26,6 +25,7 @@ from nvdp.plugin.nvml_event import (
     handle_address,
 )
 from nvdp.plugin.xid_policy import XidPolicy
+from nvdp.recording import Recorder
 
 XID_FALLEN_OFF_BUS = 79
 WANTED_EVENTS = EVENT_XID_CRITICAL | EVENT_DOUBLE_BIT_ECC | EVENT_SINGLE_BIT_ECC
@@ -54,7 +54,8 @@ class HealthMonitor:
     """Waits for NVML XID/ECC events on every GPU and reports the affected UUIDs.
 
     `nvml` is the pynvml module (a stand-in object in tests). NVML must be initialised by the
-    caller's process; the monitor takes its own nvmlInit/nvmlShutdown reference.
+    caller's process; the monitor takes its own nvmlInit/nvmlShutdown reference. `recorder` counts
+    the XIDs and tells of the devices turned Unhealthy.
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class HealthMonitor:
         on_unhealthy: OnUnhealthy,
         log: logging.Logger,
         *,
+        recorder: Recorder,
         nvml: Any = None,
         wait_ms: int = 1000,
     ) -> None:
@@ -71,6 +73,7 @@ class HealthMonitor:
         self._policy = policy
         self._on_unhealthy = on_unhealthy
         self._log = log
+        self._recorder = recorder
         self._nvml = nvml
         self._wait_ms = wait_ms
         self._stop = threading.Event()
@@ -206,12 +209,12 @@ class HealthMonitor:
             return
         gpu_uuid = self._event_gpu(device, data)
         if not self._policy.is_critical(xid):
-            recording.xid(gpu_uuid or "unknown", xid, "ignored")
+            self._recorder.xid(gpu_uuid or "unknown", xid, "ignored")
             self._log.info("Ignoring XID %d (not critical under the current health check settings)", xid)
             return
         # Counted before the devices are marked: whoever sees a device Unhealthy (the kubelet, a
         # metrics scrape) finds its XID already counted.
-        recording.xid(gpu_uuid or "unknown", xid, "critical")
+        self._recorder.xid(gpu_uuid or "unknown", xid, "critical")
         if gpu_uuid is None:
             targets = frozenset(g.uuid for g in self._inventory.gpus)
             self._report(targets, f"XID {xid} on a GPU that could not be identified")
@@ -245,7 +248,7 @@ class HealthMonitor:
             self._on_unhealthy(fresh, reason)
         except Exception:  # a failing consumer must not end health checking
             self._log.exception("Could not apply health event for %s", sorted(fresh))
-        recording.devices_unhealthy(fresh, reason)
+        self._recorder.devices_unhealthy(fresh, reason)
 
     def _close(self) -> None:
         # Called from the thread's exit and from stop(); NVML's init count must drop only once.

@@ -24,10 +24,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from nvdp import __version__, recording
+from nvdp import __version__
 from nvdp.plugin.heap import settle_heap
 from nvdp.plugin.logs import log_inventory, log_plan, setup_logging
 from nvdp.plugin.prepare import NvmlMissing, Prepared, StartupError, load_config, prepare
+from nvdp.recording import Recorder
 from nvdp.runloop import EXIT_FAILED, Inbox, Wake, Wakes, run
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class PluginProcess:
         self.node_config: NodeConfig | None = None
         self.rule: NodeConfigRule | None = None
         # The process's one Recorder (metrics and Node Events); every part that records is given it.
-        self.recorder = recording.default()
+        self.recorder = Recorder()
         self.source = ""  # where the config in force came from
         self._why = "Received SIGHUP"
 
@@ -149,7 +150,7 @@ class PluginProcess:
 
         log_inventory(self.log, prepared.inventory)
         log_plan(self.log, prepared.plan)
-        self.manager = PluginManager(prepared.config, prepared.inventory, self.log)
+        self.manager = PluginManager(prepared.config, prepared.inventory, self.log, recorder=self.recorder)
         self.watch_kubelet(prepared.config)
         self.manager.apply(prepared.plan)
         # Health checking starts once the resources have registered (or tried to), as in NVIDIA's
@@ -190,7 +191,7 @@ class PluginProcess:
         if self.health is not None:
             self.health.stop()
         self.health = HealthMonitor(prepared.inventory, policy_from_config(prepared.config),
-                                    manager.mark_unhealthy, self.log)
+                                    manager.mark_unhealthy, self.log, recorder=self.recorder)
         self.health.start()
 
     def record_active(self) -> None:

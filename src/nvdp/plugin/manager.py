@@ -34,6 +34,7 @@ from nvdp.plugin.resource import (
     default_gate_factory,
     default_server_factory,
 )
+from nvdp.recording import Recorder
 from nvdp.text import short_list
 
 __all__ = ["GateFactory", "PlanDiff", "PluginManager", "ReadinessGate", "ResourceServerLike",
@@ -115,6 +116,7 @@ class PluginManager:
         inventory: Inventory,
         log: logging.Logger,
         *,
+        recorder: Recorder,
         server_factory: ServerFactory = default_server_factory,
         gate_factory: GateFactory = default_gate_factory,
         retry_interval_s: float = RETRY_INTERVAL_S,
@@ -124,6 +126,7 @@ class PluginManager:
         self._config = config
         self._inventory = inventory
         self._log = log
+        self._recorder = recorder
         self._server_factory = server_factory
         self._gate_factory = gate_factory
         self._retry_interval_s = retry_interval_s
@@ -266,7 +269,7 @@ class PluginManager:
 
     def _make(self, resource: PlannedResource) -> RunningResource:
         return RunningResource(
-            resource, self._config, self._inventory, self._log,
+            resource, self._config, self._inventory, self._log, recorder=self._recorder,
             server_factory=self._server_factory, gate_factory=self._gate_factory,
             retry_interval_s=self._retry_interval_s, register_timeout_s=self._register_timeout_s,
             socket_check_s=self._socket_check_s,

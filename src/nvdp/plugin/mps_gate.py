@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from nvdp import recording
 from nvdp.mps import control
 from nvdp.mps.paths import HOST_ROOT_ENV, ResourcePaths, container_root, unusable_root, unusable_root_message
 from nvdp.mps.status import DaemonStatus, read_status
 from nvdp.node_events import NODE_NAME_ENV
 from nvdp.plugin.guard import guarded_loop, guarded_thread
+from nvdp.recording import Recorder
 
 MPS_CAPABLE_LABEL = "nvidia.com/mps.capable=true"
 WAIT_LOG_INTERVAL_ENV = "MPS_WAIT_LOG_INTERVAL"
@@ -55,8 +55,12 @@ class MpsGate:
         probe: Probe = control.probe,
         probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
         host_root: str = "",
+        *,
+        recorder: Recorder | None = None,
     ) -> None:
         self.resource_name = resource_name
+        # None: a Recorder of its own: records nowhere but its metrics.
+        self.recorder = recorder if recorder is not None else Recorder()
         self.host_root = host_root
         self.paths = ResourcePaths(root, resource_name)
         self.node_name = node_name or "<node name>"
@@ -71,7 +75,8 @@ class MpsGate:
 
     @classmethod
     def from_env(
-        cls, resource_name: str, log: logging.Logger, env: Mapping[str, str] | None = None
+        cls, resource_name: str, log: logging.Logger, env: Mapping[str, str] | None = None, *,
+        recorder: Recorder | None = None,
     ) -> MpsGate:
         """The gate as the plugin container sees things: root /mps (MPS_CONTAINER_ROOT), NODE_NAME."""
         source = os.environ if env is None else env
@@ -83,6 +88,7 @@ class MpsGate:
             interval_s=_seconds(source, WAIT_LOG_INTERVAL_ENV, DEFAULT_WAIT_LOG_INTERVAL_S),
             probe_interval_s=_seconds(source, PROBE_INTERVAL_ENV, DEFAULT_PROBE_INTERVAL_S),
             host_root=source.get(HOST_ROOT_ENV, ""),
+            recorder=recorder,
         )
 
     def problem(self) -> str | None:
@@ -135,10 +141,10 @@ class MpsGate:
             self.waiting_reason = problem
             if problem is None:
                 self.log.info("%s: MPS control daemon is ready", self.resource_name)
-                recording.mps_ready(self.resource_name, True)
+                self.recorder.mps_ready(self.resource_name, True)
                 return True
             if last_logged is None:
-                recording.mps_ready(self.resource_name, False, problem)
+                self.recorder.mps_ready(self.resource_name, False, problem)
             if last_logged is None or waited - last_logged >= self.interval_s:
                 self.log.warning("%s", problem)
                 last_logged = waited
@@ -172,7 +178,7 @@ class MpsGate:
             if now == state:
                 return
             state = now
-            recording.mps_ready(self.resource_name, now, problem or "")
+            self.recorder.mps_ready(self.resource_name, now, problem or "")
             if now:
                 self.log.info("%s: MPS control daemon answers again; devices are Healthy", self.resource_name)
             else:
@@ -189,7 +195,7 @@ class MpsGate:
 
     def close(self) -> None:
         self._stop.set()
-        recording.mps_gone(self.resource_name)
+        self.recorder.mps_gone(self.resource_name)
         if self._watcher is not None:
             self._watcher.join()
             self._watcher = None

@@ -31,6 +31,7 @@ from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
 from nvdp.plugin.guard import guarded_thread
 from nvdp.plugin.owned_socket import SocketState
+from nvdp.recording import Recorder
 
 
 class ResourceServerLike(Protocol):
@@ -52,26 +53,26 @@ class ReadinessGate(Protocol):
     def close(self) -> None: ...
 
 
-ServerFactory = Callable[[PlannedResource, Config, Inventory, logging.Logger], ResourceServerLike]
-GateFactory = Callable[[PlannedResource, Config, logging.Logger], "ReadinessGate | None"]
+ServerFactory = Callable[[PlannedResource, Config, Inventory, logging.Logger, Recorder], ResourceServerLike]
+GateFactory = Callable[[PlannedResource, Config, logging.Logger, Recorder], "ReadinessGate | None"]
 
 
 def default_server_factory(
-    resource: PlannedResource, config: Config, inventory: Inventory, log: logging.Logger
+    resource: PlannedResource, config: Config, inventory: Inventory, log: logging.Logger, recorder: Recorder
 ) -> ResourceServerLike:
     from nvdp.plugin.server import ResourceServer
 
-    return ResourceServer(resource, config, inventory, logger=log)
+    return ResourceServer(resource, config, inventory, logger=log, recorder=recorder)
 
 
 def default_gate_factory(
-    resource: PlannedResource, config: Config, log: logging.Logger
+    resource: PlannedResource, config: Config, log: logging.Logger, recorder: Recorder
 ) -> ReadinessGate | None:
     if resource.sharing != "mps":
         return None
     from nvdp.plugin.mps_gate import MpsGate
 
-    return MpsGate.from_env(resource.name, log)
+    return MpsGate.from_env(resource.name, log, recorder=recorder)
 
 
 class RunningResource:
@@ -84,6 +85,7 @@ class RunningResource:
         inventory: Inventory,
         log: logging.Logger,
         *,
+        recorder: Recorder,
         server_factory: ServerFactory = default_server_factory,
         gate_factory: GateFactory = default_gate_factory,
         retry_interval_s: float = 2.0,
@@ -109,8 +111,8 @@ class RunningResource:
         self._wake = threading.Event()
         self._first_attempt = threading.Event()  # the first start-and-register attempt is over
         self._thread: threading.Thread | None = None
-        self.server = server_factory(resource, config, inventory, log)
-        self.gate = gate_factory(resource, config, log)
+        self.server = server_factory(resource, config, inventory, log, recorder)
+        self.gate = gate_factory(resource, config, log, recorder)
         self._gate_open = self.gate is None
 
     # --- what the manager sees --------------------------------------------------------------------

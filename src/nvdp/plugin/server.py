@@ -22,6 +22,7 @@ from nvdp.plugin.grpc_import import grpc
 from nvdp.plugin.owned_socket import OwnedSocket, ServerStartError, SocketState, accepts, socket_path_for
 from nvdp.plugin.servicer import DevicePluginServicer
 from nvdp.plugin.wire import pb_grpc
+from nvdp.recording import Recorder
 
 _WORKERS = 8
 # Calls beyond this (running and queued) are refused at once instead of queueing without bound.
@@ -39,6 +40,7 @@ class ResourceServer:
         inventory: Inventory,
         *,
         logger: logging.Logger | None = None,
+        recorder: Recorder | None = None,
         dev_paths_present: Callable[[str], bool] | None = None,
         mig_minors_file: str = MIG_MINORS_FILE,
         cdi_uuid: Callable[[], str] | None = None,
@@ -46,9 +48,11 @@ class ResourceServer:
         self.config = config
         self.inventory = inventory
         self.log = logger or logging.getLogger(__name__)
+        # None: a Recorder of its own: records nowhere but its metrics.
+        self.recorder = recorder if recorder is not None else Recorder()
         self.socket_path = socket_path_for(resource, config)
         self.service = DevicePluginServicer(
-            resource, config, inventory, self.log,
+            resource, config, inventory, self.log, recorder=self.recorder,
             dev_paths_present=dev_paths_present, mig_minors_file=mig_minors_file, cdi_uuid=cdi_uuid,
         )
         self._socket = OwnedSocket(self.socket_path, resource.name)
@@ -101,7 +105,7 @@ class ResourceServer:
         if self._server is None:
             raise grpc_client.RegistrationError(f"cannot register {name}: start() the server first")
         endpoint = os.path.basename(self.socket_path)
-        grpc_client.register(kubelet_socket, name, endpoint, timeout, self.log)
+        grpc_client.register(kubelet_socket, name, endpoint, timeout, self.log, self.recorder)
 
     def update(self, resource: PlannedResource) -> None:
         """Replace the advertised devices (health changes included); every open stream resends the list."""

@@ -20,7 +20,6 @@ from typing import Any
 
 from msgspec import Struct
 
-from nvdp import recording
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
@@ -36,6 +35,7 @@ from nvdp.plugin.api import deviceplugin_pb2 as pb
 from nvdp.plugin.grpc_import import grpc
 from nvdp.plugin.preferred import PreferredAllocator
 from nvdp.plugin.wire import allocation_message, device_message, plugin_options
+from nvdp.recording import Recorder
 
 # Each ListAndWatch stream holds a worker for its whole life. The kubelet keeps one per plugin (two
 # for a moment around a re-registration); more are refused, so Allocate always finds free workers.
@@ -91,6 +91,7 @@ class DevicePluginServicer:
         inventory: Inventory,
         log: logging.Logger,
         *,
+        recorder: Recorder,
         dev_paths_present: Callable[[str], bool] | None = None,
         mig_minors_file: str = MIG_MINORS_FILE,
         cdi_uuid: Callable[[], str] | None = None,
@@ -98,6 +99,7 @@ class DevicePluginServicer:
         self.config = config
         self.inventory = inventory
         self.log = log
+        self.recorder = recorder
         self._dev_paths_present = dev_paths_present
         self._mig_minors_file = mig_minors_file
         self._cdi_uuid = cdi_uuid or random_uuid
@@ -201,8 +203,8 @@ class DevicePluginServicer:
                     "Allocate for %s includes unhealthy devices %s", resource.name, list(unhealthy)
                 )
             self.log.info("Allocate %s: %s", resource.name, shown)
-            recording.allocated(resource.name, len(ids))
-        recording.allocate_duration(resource.name, time.perf_counter() - started)
+            self.recorder.allocated(resource.name, len(ids))
+        self.recorder.allocate_duration(resource.name, time.perf_counter() - started)
         return answer.response
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
@@ -290,7 +292,7 @@ class DevicePluginServicer:
                     cdi_uuid=self._cdi_uuid,
                 )
             except AllocationRefused as err:
-                recording.allocation_refused(resource.name, err.reason)
+                self.recorder.allocation_refused(resource.name, err.reason)
                 self.log.warning("Refused Allocate for %s %s: %s", resource.name, shown_ids(ids), err)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 raise  # abort() raises; this keeps type checkers aware of it
