@@ -1,5 +1,10 @@
 """What a process records: metrics and Node Events, through one `Recorder` built at start and passed in.
 
+There is no process-wide Recorder to reach for: each daemon's main builds its own and hands it down
+(the plugin: PluginProcess -> PluginManager -> each resource's server and MPS gate, and the health
+monitor; the MPS daemon: Daemons -> each supervisor). A part built without one (tests, the doctor's
+MPS check) makes a Recorder of its own, which records nowhere but its metrics.
+
 The edges (gRPC server, health loop, signal handling, per-node config, MPS gate and supervisor) call
 its methods, one per thing worth counting or telling; each is a few dictionary lookups, so Allocate
 stays cheap. Metrics are off until `enable_metrics()` (`--metrics-address`): until then
@@ -190,94 +195,3 @@ class Recorder:
         if self._series is not None:
             self._series.MPS_COMMANDS.labels(resource, command, "ok" if ok else "error").inc()
 
-
-# --- the process's default Recorder, for callers not yet given one -----------------------------------
-# Transitional: plugin/main.py, manager.py, server.py, health.py, mps_gate.py and mps/ still call
-# these module functions. They record into the default Recorder, which `default()` returns, so the
-# process still has one Recorder and one Event writer. Remove once every caller is passed its Recorder.
-
-_default = Recorder()
-
-
-def default() -> Recorder:
-    return _default
-
-
-def enable() -> ModuleType:
-    return _default.enable_metrics()
-
-
-def enabled() -> bool:
-    return _default.metrics_enabled
-
-
-def set_events(events: EventWriter | None) -> None:
-    _default.attach_events(events)
-
-
-def resource_state(devices: Iterable[tuple[str, int, int]], registered: Iterable[str]) -> None:
-    _default.resource_state(devices, registered)
-
-
-def registration(resource: str, ok: bool) -> None:
-    _default.registration(resource, ok)
-
-
-def kubelet_restart() -> None:
-    _default.kubelet_restart()
-
-
-def allocated(resource: str, devices: int) -> None:
-    _default.allocated(resource, devices)
-
-
-def allocation_refused(resource: str, reason: str) -> None:
-    _default.allocation_refused(resource, reason)
-
-
-def allocate_duration(resource: str, seconds: float) -> None:
-    _default.allocate_duration(resource, seconds)
-
-
-def xid(gpu: str, code: int, action: str) -> None:
-    _default.xid(gpu, code, action)
-
-
-def config_applied(source: str, change: str, changed: bool, at: float, notify: bool = True) -> None:
-    _default.config_applied(source, change, changed, at, notify)
-
-
-def config_refused(error: str, at: float, notify: bool = True) -> None:
-    _default.config_refused(error, at, notify)
-
-
-def devices_unhealthy(uuids: frozenset[str], reason: str) -> None:
-    _default.devices_unhealthy(uuids, reason)
-
-
-def config_active(source: str, entry: str) -> None:
-    _default.config_active(source, entry)
-
-
-def mps_ready(resource: str, ready: bool, reason: str = "") -> None:
-    _default.mps_ready(resource, ready, reason)
-
-
-def mps_gone(resource: str) -> None:
-    _default.mps_gone(resource)
-
-
-def mps_daemon_ready(resource: str, ready: bool) -> None:
-    _default.mps_daemon_ready(resource, ready)
-
-
-def mps_daemon_start(resource: str, ok: bool) -> None:
-    _default.mps_daemon_start(resource, ok)
-
-
-def mps_daemon_restart(resource: str) -> None:
-    _default.mps_daemon_restart(resource)
-
-
-def mps_command(resource: str, command: str, ok: bool) -> None:
-    _default.mps_command(resource, command, ok)
