@@ -33,7 +33,8 @@ def minimal(**gpu: Any) -> dict[str, Any]:
 
 def test_every_shipped_profile_loads() -> None:
     assert list_profiles() == [
-        "a100-sxm-8", "h100-mig-8", "h100-mig-empty", "h100-mig-single", "mixed-4", "t4"
+        "a100-sxm-8", "h100-mig-8", "h100-mig-empty", "h100-mig-single", "mixed-4", "rtx-pro-6000-mig-me",
+        "t4",
     ]  # fmt: skip
     for name in list_profiles():
         inventory = load_profile(PROFILES_DIR / f"{name}.yaml")

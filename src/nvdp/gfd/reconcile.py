@@ -25,7 +25,9 @@ _OWNED = re.compile(
     r"|gpu\.(machine|mode|family|compute\.major|compute\.minor)"
     r"|mig\.capable|mig\.strategy|mps\.capable"
     rf"|gpu\.({_RESOURCE_SUFFIXES})"
-    rf"|mig-[0-9a-z.]+\.({_RESOURCE_SUFFIXES})"
+    # MIG profiles as label keys: "+" became "." ("1g.10gb.me", "1g.24gb.me.all"); Blackwell's "-me"
+    # stays ("1g.24gb-me").
+    rf"|mig-[0-9a-z][0-9a-z.-]*\.({_RESOURCE_SUFFIXES})"
     r")"
 )
 

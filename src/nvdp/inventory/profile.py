@@ -29,7 +29,8 @@ _GPU_FIELDS = {
 }  # fmt: skip
 _MIG_FIELDS = {"uuid", "profile", "gi_id", "ci_id", "memory_mib"}
 _VERSION = re.compile(r"^\d+\.\d+$")
-_MIG_PROFILE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+[a-z0-9]+)*$")
+# Suffixes as NVML names them: "+me" (A100/H100), Blackwell's "-me", "+me.all" and "+gfx".
+_MIG_PROFILE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb([+-][a-z0-9]+(\.[a-z0-9]+)*)*$")
 _BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
 
 
