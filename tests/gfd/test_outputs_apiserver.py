@@ -2,18 +2,21 @@
 
 Two labellers with different label sets on one Node (a rolling update with a new config) must not
 write the Node without bound, and the one left running must put its labels back within a pass or two.
+A NodeFeature object deleted by someone is written again.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 
 import pytest
+from lightkube.core.exceptions import ApiError
 
-from nvdp.gfd.publish import NodeOutput
+from nvdp.gfd.publish import NodeFeatureOutput, NodeOutput
 from nvdp.kube import NodeWatcher, connect, get_node_labels
 from nvdp.kube.node import NodeLabels
 from tests.kube.envtest import ControlPlane
@@ -150,3 +153,52 @@ def test_node_output_takes_the_watched_node_not_the_patch_answer(
     while get_node_labels(admin, node).labels.get(N + "gpu.replicas") != "4":
         assert time.monotonic() < deadline, lab.errors
         time.sleep(0.1)
+
+
+SCHEMA = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+NODE_FEATURE_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "nodefeatures.nfd.k8s-sigs.io"},
+    "spec": {"group": "nfd.k8s-sigs.io", "scope": "Namespaced",
+             "names": {"kind": "NodeFeature", "plural": "nodefeatures", "singular": "nodefeature"},
+             "versions": [{"name": "v1alpha1", "served": True, "storage": True, "schema": SCHEMA}]},
+}  # fmt: skip
+
+
+def node_feature(plane: ControlPlane, name: str) -> dict[str, object] | None:
+    got = plane.kubectl("-n", "default", "get", "nodefeature", name, "-o", "json", check=False)
+    return json.loads(got.stdout) if got.returncode == 0 else None
+
+
+@pytest.mark.slow
+def test_deleted_node_feature_is_written_again(kube_api: ControlPlane) -> None:
+    kube_api.apply(json.dumps(NODE_FEATURE_CRD))
+    crd = "crd/nodefeatures.nfd.k8s-sigs.io"
+    kube_api.kubectl("wait", "--for=condition=Established", crd, "--timeout=30s")
+    node = unique("nfd-deleted")
+    output = NodeFeatureOutput(connect(kube_api.admin_kubeconfig), node, "default")
+    wanted = {N + "gpu.product": "Tesla-T4", N + "gpu.count": "1"}
+    deadline = time.monotonic() + 15
+    while True:  # the new CRD's endpoint appears within moments
+        try:
+            output.publish(wanted, 1000)
+            break
+        except ApiError:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    name = f"nvidia-features-for-{node}"
+    assert node_feature(kube_api, name) is not None
+    assert output.publish(wanted, 2000) == {}
+
+    kube_api.kubectl("-n", "default", "delete", "nodefeature", name)
+    # The next pass or the one after writes it again; passes that fail on the way are retried.
+    for _ in range(2):
+        try:
+            output.publish(wanted, 3000)
+        except ApiError:
+            continue
+    got = node_feature(kube_api, name)
+    assert got is not None, "the deleted NodeFeature was not written again"
+    spec = got["spec"]
+    assert isinstance(spec, dict)
+    assert spec["labels"] == {**wanted, N + "gfd.timestamp": "3000"}

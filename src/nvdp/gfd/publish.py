@@ -124,8 +124,9 @@ class FileOutput:
 class NodeFeatureOutput:
     """An NFD NodeFeature object `nvidia-features-for-<node>`; NFD's master applies its labels.
 
-    Updates carry the resourceVersion last seen; when someone else changed the object in between, the
-    update is refused and the next pass reads it again.
+    Each pass reads the object first (one GET; a write only when its labels differ), so an object
+    that someone deleted or edited is written again. An update carries the resourceVersion just read:
+    when someone changed the object in between, it is refused and the next pass reads it again.
     """
 
     def __init__(self, client: Client, node_name: str, namespace: str) -> None:
@@ -136,46 +137,37 @@ class NodeFeatureOutput:
         self.namespace = namespace
         self.name = f"{NODE_FEATURE_PREFIX}-{node_name}"
         self._kind = create_namespaced_resource("nfd.k8s-sigs.io", "v1alpha1", "NodeFeature", "nodefeatures")
-        self._current: dict[str, str] | None = None
-        self._version: str | None = None  # None: the object does not exist (yet)
 
-    def _read(self) -> dict[str, str]:
+    def _read(self) -> tuple[dict[str, str], str | None]:
+        """The object's labels and resourceVersion; ({}, None) when there is no object."""
         from lightkube.core.exceptions import ApiError
 
         try:
             obj = self._client.get(self._kind, self.name, namespace=self.namespace)
         except ApiError as e:
             if e.status.code == 404:
-                self._version = None
-                return {}
+                return {}, None
             raise
-        self._version = obj.metadata.resourceVersion if obj.metadata else None
         spec = obj.get("spec") or {}
-        return dict(spec.get("labels") or {})
+        return dict(spec.get("labels") or {}), obj.metadata.resourceVersion if obj.metadata else None
 
     def publish(self, wanted: Mapping[str, str], now: int | None) -> LabelChanges:
-        from lightkube.core.exceptions import ApiError
         from lightkube.models.meta_v1 import ObjectMeta
 
-        if self._current is None:
-            self._current = self._read()
-        changes = label_changes(self._current, wanted, now)
-        if not changes and self._version is not None:
+        current, version = self._read()
+        changes = label_changes(current, wanted, now)
+        if not changes and version is not None:
             return changes
-        labels = apply_changes(self._current, changes)
+        labels = apply_changes(current, changes)
         obj = self._kind(
-            metadata=ObjectMeta(name=self.name, namespace=self.namespace, resourceVersion=self._version,
+            metadata=ObjectMeta(name=self.name, namespace=self.namespace, resourceVersion=version,
                                 labels={NFD_NODE_NAME_LABEL: self.node_name}),
             spec={"labels": labels},
         )  # fmt: skip
-        try:
-            # replace: the namespace is in the object
-            written = self._client.replace(obj) if self._version is not None else self._client.create(obj)
-        except ApiError:
-            self._current = None  # read it again on the next pass
-            raise
-        self._version = written.metadata.resourceVersion if written.metadata else None
-        self._current = labels
+        if version is None:
+            self._client.create(obj)
+        else:
+            self._client.replace(obj)  # the namespace is in the object
         return changes
 
     def close(self, keep: bool) -> None:
