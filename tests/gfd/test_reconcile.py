@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import msgspec
@@ -126,3 +127,29 @@ def test_blackwell_me_profiles_settle_and_go_after_a_layout_change(tmp_path: Pat
     assert {k for k, v in changes.items() if v is None} == me_keys
     assert not {k for k in (tmp_path / "gfd").read_text().split("=") if "1g.24gb-me" in k}
     assert output.publish(second, 5000) == {}
+
+
+def test_contested_writes_back_off_then_start_over(caplog: pytest.LogCaptureFixture) -> None:
+    from nvdp.gfd.contest import ContestedWrites
+
+    caplog.set_level(logging.INFO, logger="nvdp.gfd")
+    pace = ContestedWrites("n1", (1.0, 4.0))
+    mine = {N + "gpu.product": "Tesla-T4", N + "gfd.timestamp": "1"}
+    assert pace.contested(mine) == []  # never written: a plain write
+    pace.wrote(mine, [], 0.0)
+    again = {N + "gpu.product": "Tesla-T4", N + "gfd.timestamp": "2"}  # someone changed it back
+    assert pace.contested(again) == [N + "gpu.product"]  # the timestamp does not count
+    assert pace.contested({N + "gpu.product": "Tesla-T4-SHARED"}) == []  # a new value is no contest
+
+    waits: list[float] = []
+    now = 10.0
+    for _ in range(5):  # each contested write goes out as soon as it may
+        now += pace.wait_s(now)
+        pace.wrote(again, pace.contested(again), now)
+        waits.append(pace.wait_s(now))
+    assert waits == [1.0, 2.0, 4.0, 4.0, 4.0]  # the first at once, then doubling up to the most
+    assert [r.levelname for r in caplog.records if "someone else" in r.message] == ["INFO", "WARNING"]
+    assert "another labeller" in caplog.text and "rolling update" in caplog.text
+    assert pace.wait_s(now + 9) == 0.0  # quiet for twice the most: it starts over
+    pace.wrote(again, pace.contested(again), now + 9)
+    assert pace.wait_s(now + 9) == 1.0

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 
 from nvdp.gfd.labels import TIMESTAMP
-from nvdp.gfd.reconcile import LabelChanges
 
 log = logging.getLogger("nvdp.gfd")
 
@@ -42,7 +42,7 @@ class ContestedWrites:
         self._in_a_row = 0
         self._first_at = 0.0
 
-    def contested(self, changes: LabelChanges) -> list[str]:
+    def contested(self, changes: Mapping[str, str | None]) -> list[str]:
         """The keys `changes` would set back to what this labeller wrote last (the timestamp aside)."""
         return sorted(k for k, v in changes.items()
                       if k != TIMESTAMP and k in self._written and self._written[k] == v)  # fmt: skip
@@ -53,7 +53,7 @@ class ContestedWrites:
             self._delay, self._next_at, self._in_a_row = self.initial_s, -math.inf, 0
         return max(self._next_at - now, 0.0)
 
-    def wrote(self, changes: LabelChanges, contested: list[str], now: float) -> None:
+    def wrote(self, changes: Mapping[str, str | None], contested: list[str], now: float) -> None:
         """Record a write that went out; `contested` as `contested(changes)` said before it."""
         self._written.update(changes)
         if not contested:
