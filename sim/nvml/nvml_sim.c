@@ -91,6 +91,9 @@ typedef struct {
     int link_remote[MAX_LINKS]; /* GPU index, or -1 for an NVSwitch */
     int compute_mode;           /* used when no state dir is set */
     int events_supported;
+    int fabric_state;           /* 0: no fabric (NOT_SUPPORTED); else nvmlGpuFabricState_t */
+    unsigned char cluster_uuid[16];
+    unsigned clique_id;
 } sim_gpu;
 
 #define HANDLE_MAGIC 0x4e564d4cu
@@ -262,6 +265,25 @@ static int load_gpu(const jvalue *jg, int i) {
     if (cm && cm->type == J_STR) {
         gp->compute_mode = compute_mode_value(cm->str);
         if (gp->compute_mode < 0) return perr("gpus[%d].compute_mode: unknown mode", i);
+    }
+    const jvalue *fabric = json_get(jg, "fabric");
+    if (fabric && fabric->type == J_OBJ) {
+        char cluster[40], state[16] = "completed";
+        if (get_str(fabric, "cluster_uuid", cluster, sizeof cluster, "gpus", i) < 0) return -1;
+        unsigned b[16];
+        if (sscanf(cluster, "%2x%2x%2x%2x-%2x%2x-%2x%2x-%2x%2x-%2x%2x%2x%2x%2x%2x", &b[0], &b[1], &b[2],
+                   &b[3], &b[4], &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &b[11], &b[12], &b[13], &b[14],
+                   &b[15]) != 16)
+            return perr("gpus[%d].fabric.cluster_uuid: expected a UUID", i);
+        for (int k = 0; k < 16; k++) gp->cluster_uuid[k] = (unsigned char)b[k];
+        if (get_num(fabric, "clique_id", &d, 1, "gpus", i) < 0) return -1;
+        gp->clique_id = (unsigned)d;
+        const jvalue *st = json_get(fabric, "state");
+        if (st && st->type == J_STR) snprintf(state, sizeof state, "%s", st->str);
+        if (!strcmp(state, "not_started")) gp->fabric_state = 1;
+        else if (!strcmp(state, "in_progress")) gp->fabric_state = 2;
+        else if (!strcmp(state, "completed")) gp->fabric_state = 3;
+        else return perr("gpus[%d].fabric.state: not_started, in_progress or completed", i);
     }
     const jvalue *migs = json_get(jg, "mig_devices");
     if (migs && migs->type == J_ARR) {
@@ -776,6 +798,26 @@ EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t d, unsigned int *node) 
     if (!node) return NVML_ERROR_INVALID_ARGUMENT;
     if (GPU(d)->numa < 0) return NVML_ERROR_NOT_SUPPORTED;
     *node = (unsigned)GPU(d)->numa;
+    return NVML_SUCCESS;
+}
+
+/* nvmlGpuFabricInfo_t: NVLink fabric (NVSwitch / GB200 NVL) registration of a GPU. */
+typedef struct {
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+} sim_fabric_info;
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t d, sim_fabric_info *info) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    if (IS_MIG(d) || !GPU(d)->fabric_state) return NVML_ERROR_NOT_SUPPORTED;
+    memcpy(info->clusterUuid, GPU(d)->cluster_uuid, 16);
+    info->status = NVML_SUCCESS;
+    info->cliqueId = GPU(d)->clique_id;
+    info->state = (unsigned)GPU(d)->fabric_state;
     return NVML_SUCCESS;
 }
 

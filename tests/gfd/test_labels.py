@@ -278,6 +278,7 @@ def test_h100_mig_8_single_is_invalid() -> None:
         N + "gpu.product": "NVIDIA-H100-80GB-HBM3-MIG-INVALID",
         N + "gpu.count": "0",
         N + "gpu.replicas": "0",
+        N + "gpu.sharing-strategy": "",  # NVIDIA's invalid set writes it empty
         N + "gpu.memory": "0",
     }
 
@@ -333,6 +334,7 @@ def test_h100_mig_empty_single_is_invalid() -> None:
         N + "gpu.product": "NVIDIA-H100-80GB-HBM3-MIG-INVALID",
         N + "gpu.count": "0",
         N + "gpu.replicas": "0",
+        N + "gpu.sharing-strategy": "",  # NVIDIA's invalid set writes it empty
         N + "gpu.memory": "0",
     }
 

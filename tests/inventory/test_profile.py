@@ -33,7 +33,8 @@ def minimal(**gpu: Any) -> dict[str, Any]:
 
 def test_every_shipped_profile_loads() -> None:
     assert list_profiles() == [
-        "a100-sxm-8", "h100-mig-8", "h100-mig-empty", "h100-mig-single", "mixed-4", "t4"
+        "a100-sxm-8", "gb200-nvl-4", "h100-mig-8", "h100-mig-empty", "h100-mig-single", "mixed-4",
+        "rtx-pro-6000-mig-me", "t4",
     ]  # fmt: skip
     for name in list_profiles():
         inventory = load_profile(PROFILES_DIR / f"{name}.yaml")
@@ -124,7 +125,7 @@ MIG_ON = {"mig_capable": True, "mig_enabled": True}
         ),
         (
             {"memory": 1},
-            "gpus[0]: unknown field 'memory' (known fields: compute_capability, compute_mode, index, "
+            "gpus[0]: unknown field 'memory' (known fields: compute_capability, compute_mode, fabric, index, "
             "memory_mib, mig_capable, mig_devices, mig_enabled, mig_pending, minor, name, numa_node, "
             "pci_bus_id, uuid, xid_events)",
         ),

@@ -37,11 +37,20 @@ class LabelError(ValueError):
     """The node's facts cannot be turned into labels (an unreadable driver version, ...)."""
 
 
+class VgpuHost(Struct, frozen=True):
+    """Whether this node's GPUs are vGPUs, and the host's vGPU manager they report ("" unknown)."""
+
+    present: bool
+    host_driver_version: str = ""
+    host_driver_branch: str = ""
+
+
 class HostFacts(Struct, frozen=True):
     """What the labels need from outside NVML: read from sysfs at the edge."""
 
     machine: str = UNKNOWN  # DMI product name
     gpu_mode: str = UNKNOWN  # "compute" (PCI 3D controller), "graphics" (VGA) or "unknown"
+    vgpu: VgpuHost | None = None  # None: the PCI configuration could not be read (no vGPU labels)
 
 
 UNKNOWN_HOST = HostFacts()
@@ -225,6 +234,7 @@ def _single_labels(inventory: Inventory, plan: Plan | None) -> dict[str, str]:
     if single_strategy_problem(inventory) is not None:
         labels = _resource_labels(key, [mig_on[0].name, "MIG", "INVALID"], 0, _NO_SHARING)
         labels[f"{key}.memory"] = "0"
+        labels[f"{key}.sharing-strategy"] = ""  # NVIDIA's invalid set writes it empty, not "none"
         return labels
     migs = _mig_devices(inventory)
     parent, first = migs[0]
@@ -276,6 +286,32 @@ def gfd_labels(
             _single_labels(inventory, plan) if mig_strategy == "single" else _mixed_labels(inventory, plan)
         )
     labels[PREFIX + "gpu.mode"] = host.gpu_mode
+    labels.update(clique_labels(inventory))
+    labels.update(vgpu_labels(host.vgpu))
+    return labels
+
+
+def clique_labels(inventory: Inventory) -> dict[str, str]:
+    """`gpu.clique` = <cluster UUID>.<clique id> of the NVLink fabric, when every GPU attached to one
+    agrees on both (NVIDIA's rule; GPUs not attached are left out, disagreement gives no label)."""
+    fabrics = [g.fabric for g in inventory.gpus if g.fabric is not None]
+    clusters = {f.cluster_uuid for f in fabrics}
+    cliques = {f.clique_id for f in fabrics}
+    if len(clusters) != 1 or len(cliques) != 1:
+        return {}
+    return {PREFIX + "gpu.clique": f"{clusters.pop()}.{cliques.pop()}"}
+
+
+def vgpu_labels(vgpu: VgpuHost | None) -> dict[str, str]:
+    """`vgpu.present` always (NVIDIA's), the host's vGPU manager when a vGPU reports it; nothing when
+    the PCI configuration could not be read, as NVIDIA."""
+    if vgpu is None:
+        return {}
+    labels = {PREFIX + "vgpu.present": str(vgpu.present).lower()}
+    if vgpu.present and (vgpu.host_driver_version or vgpu.host_driver_branch):
+        # sanitised: the bytes come from the PCI configuration space
+        labels[PREFIX + "vgpu.host-driver-version"] = sanitise(vgpu.host_driver_version)
+        labels[PREFIX + "vgpu.host-driver-branch"] = sanitise(vgpu.host_driver_branch)
     return labels
 
 

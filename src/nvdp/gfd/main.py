@@ -24,7 +24,7 @@ from nvdp import runloop
 from nvdp.config.loader import ConfigError, load_config
 from nvdp.config.model import Config
 from nvdp.config.select import SelectionError
-from nvdp.gfd.host import gpu_mode, machine_type
+from nvdp.gfd.host import read_host_facts
 from nvdp.gfd.labeller import labelling_pass
 from nvdp.gfd.labels import HostFacts, LabelError
 from nvdp.gfd.options import GFD_ENV_VARS, ProcessOptions, parse_duration, parse_options
@@ -96,8 +96,7 @@ class Discovery:
         self._next_read = 0.0
 
     def host_facts(self, inventory: Inventory) -> HostFacts:
-        return HostFacts(machine_type(self.config.flags.gfd.machine_type_file),
-                         gpu_mode(inventory, self.opts.sysfs_root))  # fmt: skip
+        return read_host_facts(inventory, self.config.flags.gfd.machine_type_file, self.opts.sysfs_root)
 
     def read_gpus(self) -> Inventory | None:
         from nvdp.inventory.nvml import NvmlUnavailable

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from nvdp.gfd.contest import CONTESTED_BACKOFF_S, ContestedWrites
+from nvdp.gfd.labels import TIMESTAMP
 from nvdp.gfd.output import read_features_file, remove_features_file, write_features_file
 from nvdp.gfd.reconcile import LabelChanges, apply_changes, label_changes
 
@@ -21,6 +24,8 @@ log = logging.getLogger(__name__)
 
 NODE_FEATURE_PREFIX = "nvidia-features-for"
 NFD_NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
+# How long a patch's own watch event may take before the Node as watched is trusted again anyway.
+ECHO_WAIT_S = 5.0
 
 
 class Output(Protocol):
@@ -33,23 +38,38 @@ class Output(Protocol):
         ...
 
 
+def _undated(changes: LabelChanges) -> LabelChanges:
+    return {k: v for k, v in changes.items() if k != TIMESTAMP}
+
+
 class NodeOutput:
     """Labels on the Node object itself, compared with the labels the Node carries now.
 
-    `current` is fed by the Node watch (set_current); after a patch the patched Node's labels are
-    taken at once, so the watch event that follows finds nothing to do.
+    `current` is the Node as the watch last delivered it (set_current), never a patch's answer: an
+    answer can arrive after the watch has already shown a newer change by someone else, and taking it
+    would hide that change until an unrelated one came. Until the watch shows a patch's own result
+    (at most ECHO_WAIT_S), the same changes are not sent again. Writes that undo someone else's change
+    are paced (`nvdp.gfd.contest`).
     """
 
-    def __init__(self, client: Client, node_name: str) -> None:
+    def __init__(self, client: Client, node_name: str, *,
+                 contested_backoff_s: tuple[float, float] = CONTESTED_BACKOFF_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self._client = client
         self.node_name = node_name
         self._lock = threading.Lock()
         self._current: dict[str, str] | None = None
+        self._sent: LabelChanges | None = None  # the last patch, until the watch shows it
+        self._sent_at = 0.0
+        self._contest = ContestedWrites(node_name, contested_backoff_s)
+        self._clock = clock
         self.patches = 0
 
     def set_current(self, labels: Mapping[str, str]) -> None:
         with self._lock:
             self._current = dict(labels)
+            if self._sent is not None and all(labels.get(k) == v for k, v in self._sent.items()):
+                self._sent = None
 
     @property
     def current(self) -> dict[str, str] | None:
@@ -59,14 +79,23 @@ class NodeOutput:
     def publish(self, wanted: Mapping[str, str], now: int | None) -> LabelChanges:
         from nvdp.kube import patch_node_labels
 
-        current = self.current
+        at = self._clock()
+        with self._lock:
+            current = None if self._current is None else dict(self._current)
+            sent = self._sent if at - self._sent_at < ECHO_WAIT_S else None
         if current is None:
             raise RuntimeError(f"node {self.node_name}: its labels have not been read yet")
         changes = label_changes(current, wanted, now)
-        if changes:
-            patched = patch_node_labels(self._client, self.node_name, changes)
-            self.patches += 1
-            self.set_current(patched.labels)
+        if not changes or (sent is not None and _undated(changes) == _undated(sent)):
+            return {}  # nothing to do, or what the last patch did and the watch has not shown yet
+        contested = self._contest.contested(changes)
+        if contested and self._contest.wait_s(at) > 0:
+            return {}  # a later pass writes them, if they are still wanted then
+        patch_node_labels(self._client, self.node_name, changes)
+        with self._lock:
+            self._sent, self._sent_at = changes, at
+        self.patches += 1
+        self._contest.wrote(changes, contested, at)
         return changes
 
     def close(self, keep: bool) -> None:
@@ -95,8 +124,9 @@ class FileOutput:
 class NodeFeatureOutput:
     """An NFD NodeFeature object `nvidia-features-for-<node>`; NFD's master applies its labels.
 
-    Updates carry the resourceVersion last seen; when someone else changed the object in between, the
-    update is refused and the next pass reads it again.
+    Each pass reads the object first (one GET; a write only when its labels differ), so an object
+    that someone deleted or edited is written again. An update carries the resourceVersion just read:
+    when someone changed the object in between, it is refused and the next pass reads it again.
     """
 
     def __init__(self, client: Client, node_name: str, namespace: str) -> None:
@@ -107,46 +137,37 @@ class NodeFeatureOutput:
         self.namespace = namespace
         self.name = f"{NODE_FEATURE_PREFIX}-{node_name}"
         self._kind = create_namespaced_resource("nfd.k8s-sigs.io", "v1alpha1", "NodeFeature", "nodefeatures")
-        self._current: dict[str, str] | None = None
-        self._version: str | None = None  # None: the object does not exist (yet)
 
-    def _read(self) -> dict[str, str]:
+    def _read(self) -> tuple[dict[str, str], str | None]:
+        """The object's labels and resourceVersion; ({}, None) when there is no object."""
         from lightkube.core.exceptions import ApiError
 
         try:
             obj = self._client.get(self._kind, self.name, namespace=self.namespace)
         except ApiError as e:
             if e.status.code == 404:
-                self._version = None
-                return {}
+                return {}, None
             raise
-        self._version = obj.metadata.resourceVersion if obj.metadata else None
         spec = obj.get("spec") or {}
-        return dict(spec.get("labels") or {})
+        return dict(spec.get("labels") or {}), obj.metadata.resourceVersion if obj.metadata else None
 
     def publish(self, wanted: Mapping[str, str], now: int | None) -> LabelChanges:
-        from lightkube.core.exceptions import ApiError
         from lightkube.models.meta_v1 import ObjectMeta
 
-        if self._current is None:
-            self._current = self._read()
-        changes = label_changes(self._current, wanted, now)
-        if not changes and self._version is not None:
+        current, version = self._read()
+        changes = label_changes(current, wanted, now)
+        if not changes and version is not None:
             return changes
-        labels = apply_changes(self._current, changes)
+        labels = apply_changes(current, changes)
         obj = self._kind(
-            metadata=ObjectMeta(name=self.name, namespace=self.namespace, resourceVersion=self._version,
+            metadata=ObjectMeta(name=self.name, namespace=self.namespace, resourceVersion=version,
                                 labels={NFD_NODE_NAME_LABEL: self.node_name}),
             spec={"labels": labels},
         )  # fmt: skip
-        try:
-            # replace: the namespace is in the object
-            written = self._client.replace(obj) if self._version is not None else self._client.create(obj)
-        except ApiError:
-            self._current = None  # read it again on the next pass
-            raise
-        self._version = written.metadata.resourceVersion if written.metadata else None
-        self._current = labels
+        if version is None:
+            self._client.create(obj)
+        else:
+            self._client.replace(obj)  # the namespace is in the object
         return changes
 
     def close(self, keep: bool) -> None:

@@ -23,9 +23,12 @@ _OWNED = re.compile(
     r"gfd\.timestamp"
     r"|cuda\.(driver|runtime|driver-version|runtime-version)\.(major|minor|rev|revision|full)"
     r"|gpu\.(machine|mode|family|compute\.major|compute\.minor)"
-    r"|mig\.capable|mig\.strategy|mps\.capable"
+    r"|mig\.capable|mig\.strategy|mps\.capable|gpu\.clique"
+    r"|vgpu\.(present|host-driver-version|host-driver-branch)"
     rf"|gpu\.({_RESOURCE_SUFFIXES})"
-    rf"|mig-[0-9a-z.]+\.({_RESOURCE_SUFFIXES})"
+    # MIG profiles as label keys: "+" became "." ("1g.10gb.me", "1g.24gb.me.all"); Blackwell's "-me"
+    # stays ("1g.24gb-me").
+    rf"|mig-[0-9a-z][0-9a-z.-]*\.({_RESOURCE_SUFFIXES})"
     r")"
 )
 

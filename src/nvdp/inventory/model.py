@@ -45,6 +45,13 @@ class MigDevice(Struct, frozen=True):
         return f"{self.parent_index}:{self.index}"
 
 
+class Fabric(Struct, frozen=True):
+    """The NVLink fabric a GPU has registered with (nvmlDeviceGetGpuFabricInfo, state completed)."""
+
+    cluster_uuid: str  # "00000000-0000-0000-0000-000000000001"
+    clique_id: int
+
+
 class Gpu(Struct, frozen=True):
     index: int
     uuid: str  # "GPU-..."
@@ -57,6 +64,7 @@ class Gpu(Struct, frozen=True):
     mig_capable: bool = False
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
+    fabric: Fabric | None = None  # None: not attached to an NVLink fabric (or not read)
 
 
 class Link(Struct, frozen=True):

@@ -13,11 +13,12 @@ import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from uuid import UUID
 
 import pynvml
 
 from nvdp.inventory.library import LIBRARY_NAME, candidate_paths, find_library
-from nvdp.inventory.model import Gpu, Inventory, Link, LostGpu, MigAttributes, MigDevice
+from nvdp.inventory.model import Fabric, Gpu, Inventory, Link, LostGpu, MigAttributes, MigDevice
 
 # Where the host's /sys is (default /sys); the stand-in node points it at a tree of its own.
 SYSFS_ROOT_ENV = "NVDP_SYSFS_ROOT"
@@ -203,7 +204,30 @@ def _read_gpu(index: int, uuid: str, handle: Any) -> Gpu:
         mig_capable=mig_capable,
         mig_enabled=mig_enabled,
         mig_devices=_read_mig_devices(index, uuid, handle) if mig_enabled else (),
+        fabric=_fabric(handle),
     )
+
+
+def _fabric(handle: Any) -> Fabric | None:
+    """The NVLink fabric clique, when the GPU's registration completed (go-nvlib's IsFabricAttached:
+    state completed, status success, a cluster UUID that is not all zeros); None otherwise."""
+    try:
+        info: Any = pynvml.c_nvmlGpuFabricInfo_t()
+        pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+    except pynvml.NVMLError as e:
+        if e.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            return None  # not supported (no NVSwitch fabric), or unreadable: not attached
+        try:  # drivers that only have the versioned call
+            info = pynvml.c_nvmlGpuFabricInfoV_t()
+            pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+        except pynvml.NVMLError:
+            return None
+    cluster = bytes(info.clusterUuid)
+    if info.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED or info.status != pynvml.NVML_SUCCESS:
+        return None
+    if cluster == bytes(16):
+        return None
+    return Fabric(cluster_uuid=str(UUID(bytes=cluster)), clique_id=int(info.cliqueId))
 
 
 def _mig_mode(handle: Any) -> tuple[bool, bool]:

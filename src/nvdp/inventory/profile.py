@@ -11,10 +11,11 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import yaml
 
-from nvdp.inventory.model import TOPOLOGY_LEVELS, Gpu, Inventory, Link, MigAttributes, MigDevice
+from nvdp.inventory.model import TOPOLOGY_LEVELS, Fabric, Gpu, Inventory, Link, MigAttributes, MigDevice
 
 MIB = 1024 * 1024
 MAX_MIG_DEVICES = 7
@@ -25,11 +26,14 @@ COMPUTE_MODES = ("DEFAULT", "PROHIBITED", "EXCLUSIVE_PROCESS")
 _TOP_FIELDS = {"description", "driver_version", "cuda_driver_version", "gpus", "nvlinks", "nvswitch", "pcie"}
 _GPU_FIELDS = {
     "index", "uuid", "name", "memory_mib", "compute_capability", "minor", "pci_bus_id", "numa_node",
-    "mig_capable", "mig_enabled", "mig_pending", "mig_devices", "compute_mode", "xid_events",
+    "mig_capable", "mig_enabled", "mig_pending", "mig_devices", "compute_mode", "xid_events", "fabric",
 }  # fmt: skip
+_FABRIC_FIELDS = {"cluster_uuid", "clique_id", "state"}
+_FABRIC_STATES = ("not_started", "in_progress", "completed")
 _MIG_FIELDS = {"uuid", "profile", "gi_id", "ci_id", "memory_mib"}
 _VERSION = re.compile(r"^\d+\.\d+$")
-_MIG_PROFILE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+[a-z0-9]+)*$")
+# Suffixes as NVML names them: "+me" (A100/H100), Blackwell's "-me", "+me.all" and "+gfx".
+_MIG_PROFILE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb([+-][a-z0-9]+(\.[a-z0-9]+)*)*$")
 _BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
 
 
@@ -132,7 +136,29 @@ def _gpu(raw: object, i: int) -> Gpu:
         mig_devices=tuple(
             _mig(m, j, index, uuid, f"{where}.mig_devices[{j}]") for j, m in enumerate(raw_migs)
         ),
+        fabric=_fabric(raw.get("fabric"), f"{where}.fabric"),
     )
+
+
+def _fabric(raw: object, where: str) -> Fabric | None:
+    """NVLink fabric registration; a Fabric only once it completed, as discovery reports it."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f"{where}: expected a mapping of fabric fields, got {_kind(raw)}")
+    _no_unknown(raw, _FABRIC_FIELDS, where)
+    text = _str(raw, "cluster_uuid", where)
+    try:
+        cluster = str(UUID(text))
+    except ValueError:
+        raise ProfileError(f"{where}.cluster_uuid: expected a UUID, got {text!r}") from None
+    clique = _int(raw, "clique_id", where)
+    state = raw.get("state", "completed")
+    if state not in _FABRIC_STATES:
+        raise ProfileError(f"{where}.state: expected one of {', '.join(_FABRIC_STATES)}, got {state!r}")
+    if state != "completed" or cluster == str(UUID(int=0)):  # not attached, as discovery sees it
+        return None
+    return Fabric(cluster_uuid=cluster, clique_id=clique)
 
 
 def _mig(raw: object, j: int, parent_index: int, parent_uuid: str, where: str) -> MigDevice:

@@ -13,8 +13,9 @@ from lightkube.core.exceptions import ConfigError
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 FIELD_MANAGER = "nvidia-device-plugin"
-# Requests other than watches; a watch sets its own read timeout from its server-side timeout.
-REQUEST_TIMEOUT_S = 10.0
+# Connect, TLS handshake and each read of requests other than watches (a watch has no read timeout):
+# a hung API server costs a caller at most this long per call, so loops stay responsive to SIGTERM.
+REQUEST_TIMEOUT_S = 5.0
 # A watch has no read timeout (it idles until something changes), so a connection that died without
 # a FIN/RST (node partitioned, NAT entry dropped) is found by TCP keepalive: dead after ~60 s.
 KEEPALIVE_OPTIONS: list[tuple[int, int, int]] = [

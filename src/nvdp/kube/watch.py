@@ -70,7 +70,11 @@ def describe_error(err: BaseException) -> str:
 class NodeWatcher:
     """Calls `on_change(labels)` with the Node's current labels, then after every change.
 
-    Owns `client`: `stop()` closes it to end a watch that is waiting for the next event.
+    Owns `client`, and closes it from its own thread when it ends: closed from another thread while a
+    watch read is blocked, the read's connection stays open in the kernel, and when the next event
+    wakes it the TLS close goes out on the file descriptor number, by then another connection's (seen
+    as "wrong version number" on that one). So `stop()` returns at once and the thread ends at the
+    next event or server-side timeout; it is a daemon thread and never calls `on_change` again.
     """
 
     def __init__(self, client: Client, node_name: str, on_change: Callable[[NodeLabels], None], *,
@@ -84,6 +88,7 @@ class NodeWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last: NodeLabels | None = None
+        self._stopped = False
         self.connected = threading.Event()
         self.failures = 0
 
@@ -91,13 +96,22 @@ class NodeWatcher:
         self._thread = threading.Thread(target=self.run, name=f"node-watch-{self.node_name}", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_s: float = 0.5) -> None:
+        """Stop delivering; wait up to `timeout_s` for the thread (it is not between reads)."""
         self._stop.set()
-        self._client.close()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        elif not self._stopped:
+            self._client.close()  # never started: nothing reads from it
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self._stopped = True
+            self._client.close()
+
+    def _run(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
             try:
@@ -141,6 +155,8 @@ class NodeWatcher:
                 self._deliver(node_labels(obj))
 
     def _deliver(self, node: NodeLabels) -> None:
+        if self._stop.is_set():
+            return
         changed = self._last is None or dict(node.labels) != dict(self._last.labels)
         self._last = node
         if changed:
