@@ -109,6 +109,23 @@ def test_env_values_go_through_semantic_checks() -> None:
     ]
 
 
+def test_tegra_discovery_is_refused_with_the_reason_from_any_source() -> None:
+    reason = (
+        "flags.deviceDiscoveryStrategy: tegra is not supported: this plugin finds GPUs through NVML only, "
+        "so a Tegra (Jetson) integrated GPU would not be advertised; use auto or nvml, or run NVIDIA's "
+        "k8s-device-plugin on Tegra nodes"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(None, env={"DEVICE_DISCOVERY_STRATEGY": "tegra"})
+    assert [str(i) for i in caught.value.issues] == [f"DEVICE_DISCOVERY_STRATEGY: {reason}"]
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(b"flags: {deviceDiscoveryStrategy: tegra}", "c.yaml")
+    assert [str(i) for i in caught.value.issues] == [f"c.yaml:1: {reason}"]
+    for accepted in ("auto", "nvml"):
+        env = {"DEVICE_DISCOVERY_STRATEGY": accepted}
+        assert load_config_text(None, env=env).flags.device_discovery_strategy == accepted
+
+
 def test_health_check_env_vars() -> None:
     env = {"DP_DISABLE_HEALTHCHECKS": "XIDs", "DP_ENABLE_HEALTHCHECKS": "48,079"}
     plugin = load_config_text(None, env=env).flags.plugin

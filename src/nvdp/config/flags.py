@@ -36,7 +36,7 @@ _HELP = {
     "--gdrcopy-enabled": "give containers GDRCopy (env GDRCOPY_ENABLED)",
     "--gds-enabled": "give containers GPUDirect Storage (env GDS_ENABLED)",
     "--mofed-enabled": "give containers MOFED (env MOFED_ENABLED)",
-    "--device-discovery-strategy": "auto, nvml or tegra (env DEVICE_DISCOVERY_STRATEGY)",
+    "--device-discovery-strategy": "auto or nvml; tegra is refused (env DEVICE_DISCOVERY_STRATEGY)",
     "--pass-device-specs": "also return device nodes in Allocate (env PASS_DEVICE_SPECS)",
     "--device-list-strategy": "comma list of envvar, volume-mounts, cdi-annotations, cdi-cri "
     "(env DEVICE_LIST_STRATEGY)",

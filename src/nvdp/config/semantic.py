@@ -91,6 +91,15 @@ def semantic_issues(doc: Mapping[Any, Any], locate: Locate) -> list[ConfigIssue]
                 f"set flags.mpsRoot (env MPS_ROOT, flag --mps-root), e.g. {default_root}",
             )
 
+    if flags.get("deviceDiscoveryStrategy") == "tegra":
+        add(
+            ("flags", "deviceDiscoveryStrategy"),
+            "tegra is not supported: this plugin finds GPUs through NVML only, so a Tegra (Jetson) "
+            "integrated GPU would not be advertised",
+            None,
+            "use auto or nvml, or run NVIDIA's k8s-device-plugin on Tegra nodes",
+        )
+
     channels = _mapping(doc.get("imex")).get("channelIDs")
     if isinstance(channels, list) and channels not in ([], [0]):
         add(("imex", "channelIDs"), "channelIDs must be [] or [0]", channels, "use [] (none) or [0]")

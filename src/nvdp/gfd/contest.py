@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping
 
 from nvdp.gfd.labels import TIMESTAMP
+from nvdp.text import short_list
 
 log = logging.getLogger("nvdp.gfd")
 
@@ -22,11 +23,6 @@ log = logging.getLogger("nvdp.gfd")
 CONTESTED_BACKOFF_S = (1.0, 60.0)
 # This many contested writes in a row (no quiet spell between) make a WARNING: one is a person.
 FIGHT_AFTER = 3
-
-
-def _some(keys: list[str], shown: int = 3) -> str:
-    more = len(keys) - shown
-    return ", ".join(keys[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 class ContestedWrites:
@@ -64,14 +60,15 @@ class ContestedWrites:
         self._last_at = now
         self._next_at = now + self._delay
         if self._in_a_row == 1:
-            log.info("node %s: restoring labels someone else changed: %s", self.node_name, _some(contested))
+            log.info("node %s: restoring labels someone else changed: %s", self.node_name,
+                     short_list(contested))
         elif self._in_a_row == FIGHT_AFTER:
             log.warning(
                 "node %s: labels %s keep being changed by someone else (%d times in %.0f s): another "
                 "labeller is probably writing this node, e.g. two gpu-feature-discovery pods with "
                 "different configs during a rolling update, or a second install; writing them at most "
                 "every %.0f s, doubling up to %.0f s, until it stops",
-                self.node_name, _some(contested), self._in_a_row, now - self._first_at, self._delay,
+                self.node_name, short_list(contested), self._in_a_row, now - self._first_at, self._delay,
                 self.maximum_s,
             )  # fmt: skip
         else:

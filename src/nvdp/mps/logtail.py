@@ -3,27 +3,43 @@
 The tail starts at the end of what the file already holds: the MPS root outlives daemon pods, and
 an earlier pod's lines (its "Control daemon exiting" with old timestamps) are not news. The file
 sits on the node's /run (tmpfs, RAM) and the daemon appends a line for every command, health
-probes included, so the tail also bounds it: past `max_bytes`, once everything is read, the file is
-copied to control.log.1 (replacing the previous copy) and emptied. NVIDIA's daemon appends
-(O_APPEND), so it keeps writing at the new end.
+probes included, so the tail also bounds it: past `max_bytes` of lines shown since the last
+rotation, those lines are copied to control.log.1 (replacing the previous copy) and their space is
+freed in place, a hole punched over them (fallocate PUNCH_HOLE, KEEP_SIZE).
+
+Why not copy and truncate: the daemon appends (O_APPEND, whether it holds the file open or opens it
+for each line), and a line appended between the copy and the truncate would be in neither; under a
+burst that lost a tenth of the lines. The hole covers only what was already read, so the kernel
+frees it without touching a line written meanwhile: every line is shown, and the last rotated ones
+are kept in control.log.1. The file's size still counts the freed part (`ls -l` grows, `du` does
+not), and reading it from the start gives zero bytes for the freed part; `tail` reads it as before.
+A filesystem that cannot punch holes is not rotated at all (a warning says so): a line is never
+dropped to bound the file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import errno
+import functools
 import logging
 import os
-import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 POLL_S = 0.2
 MAX_BYTES_ENV = "MPS_CONTROL_LOG_MAX_BYTES"
 DEFAULT_MAX_BYTES = 1024 * 1024
 ROTATED_SUFFIX = ".1"
 ERROR_PAUSE_S = 5.0
+COPY_CHUNK = 64 * 1024
+# <linux/falloc.h>
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
 
 
 def max_bytes_from_env(env: Mapping[str, str] | None = None) -> int:
@@ -56,6 +72,8 @@ class LogTail:
         # then where the last stop() left off.
         self._old: tuple[int, int] | None = None
         self._started = False
+        # Where the lines not yet rotated begin in the open file: all before it is a freed hole.
+        self._kept_from = 0
 
     @property
     def rotated_path(self) -> Path:
@@ -112,11 +130,9 @@ class LogTail:
                         handle.close()
                         handle = None
                         continue
-                    # Rotated before the lines read are shown: whoever waits to see a line before
-                    # writing the next one cannot write into the moment between copy and truncate.
-                    if handle.tell() >= self.max_bytes:
-                        lines += self._rotate(handle)
                     self._emit_all(lines)
+                    if handle.tell() - self._kept_from >= self.max_bytes:
+                        self._rotate(handle)
                 if stopping:
                     return
                 # One more pass after stop(), so the daemon's last words (after `quit`) are shown.
@@ -133,11 +149,14 @@ class LogTail:
         except OSError:
             return None, None
         inode = os.fstat(handle.fileno()).st_ino
+        # What an earlier rotation freed reads as zero bytes: never shown, never copied.
+        self._kept_from = data_start(handle.fileno())
+        handle.seek(self._kept_from)
         if self._old is not None:
             old_inode, old_size = self._old
             self._old = None
             if inode == old_inode:
-                handle.seek(old_size)
+                handle.seek(max(old_size, self._kept_from))
         return handle, inode
 
     def _emit(self, line: bytes) -> None:
@@ -149,26 +168,28 @@ class LogTail:
         for line in lines:
             self._emit(line)
 
-    def _rotate(self, handle: BinaryIO) -> list[bytes]:
-        """Copy the file to control.log.1 and empty it; return the lines written since the last read."""
-        shown = handle.tell()
+    def _rotate(self, handle: BinaryIO) -> None:
+        """Copy the lines shown since the last rotation to control.log.1 and free their space."""
+        fd = handle.fileno()
+        start, shown = self._kept_from, handle.tell()
         try:
             # Copied beside it and renamed into place, so control.log.1 is never seen half written.
             partial = self.rotated_path.with_name(self.rotated_path.name + ".tmp")
-            shutil.copyfile(self.path, partial)
+            with partial.open("wb") as copy:
+                offset = start
+                while offset < shown and (chunk := os.pread(fd, min(COPY_CHUNK, shown - offset), offset)):
+                    copy.write(chunk)
+                    offset += len(chunk)
             os.replace(partial, self.rotated_path)
-            os.truncate(self.path, 0)
+            punch_hole(self.path, os.fstat(fd).st_ino, shown)
         except OSError as err:
-            self.log.warning("[%s] cannot rotate %s: %s", self.prefix, self.path, err)
+            self.log.warning(
+                "[%s] cannot rotate %s: %s; it keeps growing, no line is dropped", self.prefix, self.path, err
+            )
             # Not again for every poll: only after another max_bytes.
-            self.max_bytes = shown + self.max_bytes
-            return []
-        handle.seek(0)
-        # Lines the daemon wrote since the last read went into the copy: show them from there.
-        with contextlib.suppress(OSError), self.rotated_path.open("rb") as copy:
-            copy.seek(shown)
-            return copy.readlines()
-        return []
+            self.max_bytes = shown - start + self.max_bytes
+            return
+        self._kept_from = shown
 
     def _replaced(self, handle: BinaryIO, inode: int | None) -> bool:
         try:
@@ -176,3 +197,39 @@ class LogTail:
         except OSError:
             return True
         return st.st_ino != inode or st.st_size < handle.tell()
+
+
+def data_start(fd: int) -> int:
+    """The first offset holding data: past the hole earlier rotations punched (the size if all is a hole)."""
+    try:
+        return os.lseek(fd, 0, os.SEEK_DATA)
+    except OSError as err:
+        if err.errno == errno.ENXIO:  # nothing but a hole
+            return os.fstat(fd).st_size
+        return 0  # SEEK_DATA not supported: no holes either
+
+
+@functools.cache
+def _fallocate() -> Callable[[int, int, int, int], int]:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    fallocate = libc.fallocate
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    fallocate.restype = ctypes.c_int
+    return cast("Callable[[int, int, int, int], int]", fallocate)
+
+
+def punch_hole(path: Path, inode: int, end: int) -> None:
+    """Free the first `end` bytes of `path` (if it still is `inode`) in place; its size and every byte
+    past `end` stay as they are."""
+    if end <= 0:
+        return
+    # Opened for writing (fallocate needs it), without O_APPEND, O_TRUNC or O_CREAT.
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_ino != inode:
+            return  # replaced meanwhile: the next pass follows the new file
+        if _fallocate()(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, end) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"cannot free the lines already read: {os.strerror(code)}")
+    finally:
+        os.close(fd)

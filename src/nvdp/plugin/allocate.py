@@ -24,6 +24,7 @@ from msgspec import Struct, field
 from nvdp.config.model import Config
 from nvdp.plan.ids import device_container_ids
 from nvdp.plan.model import REPLICA_SEPARATOR, PlannedDevice, PlannedResource
+from nvdp.text import short_list
 
 CDI_VENDOR = "k8s.device-plugin.nvidia.com"
 CDI_ANNOTATION_PREFIX_DEFAULT = "cdi.k8s.io/"
@@ -33,6 +34,7 @@ IMEX_CHANNELS_ENV = "NVIDIA_IMEX_CHANNELS"
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 # The directory nvidia-container-runtime scans for volume-mounts device lists.
 VOLUME_MOUNTS_DIR = "/var/run/nvidia-container-devices"
+# The control nodes every NVML-managed container may get, in NVIDIA's order; each is optional.
 CONTROL_DEVICE_PATHS = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 IMEX_CHANNEL_DEV_DIR = "/dev/nvidia-caps-imex-channels"
 MIG_CAP_DEV_DIR = "/dev/nvidia-caps"
@@ -73,6 +75,18 @@ class ContainerAllocation(Struct, frozen=True):
     cdi_devices: tuple[str, ...] = ()
     # Requested devices that were unhealthy when allocated (not refused; see the module docstring).
     unhealthy: tuple[str, ...] = ()
+
+
+def present_control_paths(exists: Callable[[str], bool]) -> frozenset[str]:
+    """The control nodes to pass as device specs: those that exist at their own path in the plugin's
+    container, where NVIDIA looks.
+
+    NVIDIA v0.20.0 (internal/plugin/server.go, apiDeviceSpecs) stats each of CONTROL_DEVICE_PATHS as
+    it is, /dev/nvidia-uvm and not <driver root>/dev/nvidia-uvm nor <dev root>/dev/nvidia-uvm, and
+    skips the ones missing; the per-device nodes and IMEX channels that follow are not stat'ed there.
+    Only the host path is put under the dev root (`flags.nvidiaDevRoot`).
+    """
+    return frozenset(p for p in CONTROL_DEVICE_PATHS if exists(p))
 
 
 # --- /proc/driver/nvidia-caps/mig-minors -----------------------------------------------------------
@@ -126,9 +140,7 @@ def _describe_advertised(resource: PlannedResource) -> str:
             groups.extend(f"{base}{REPLICA_SEPARATOR}{n}" for n in numbers)
     if not groups:
         return "no devices"
-    shown = ", ".join(groups[:_ADVERTISED_SHOWN])
-    rest = len(groups) - _ADVERTISED_SHOWN
-    return f"{shown} and {rest} more" if rest > 0 else shown
+    return short_list(groups, _ADVERTISED_SHOWN)
 
 
 # A device ID is a UUID with a replica suffix (about 50 characters); anything longer is not one of
@@ -146,9 +158,7 @@ def shown_id(device_id: str) -> str:
 
 def shown_ids(device_ids: Sequence[str], limit: int = IDS_SHOWN) -> str:
     """The first `limit` IDs, each cut, and how many more: a bounded line whatever the request."""
-    shown = ", ".join(shown_id(i) for i in device_ids[:limit])
-    rest = len(device_ids) - limit
-    return f"{shown} and {rest} more" if rest > 0 else shown
+    return short_list([shown_id(i) for i in device_ids[:limit]], limit, total=len(device_ids))
 
 
 def _sharing_setting(resource: PlannedResource) -> str:
@@ -260,7 +270,8 @@ def allocate_container(
 ) -> ContainerAllocation:
     """The response for one container asking for `device_ids` of `resource`.
 
-    `dev_paths_present(path)` says whether an optional control node (`/dev/nvidia-uvm`, ...) exists;
+    `dev_paths_present(path)` says whether an optional control node (`/dev/nvidia-uvm`, ...) exists
+    (`present_control_paths`);
     `mig_cap_minors` is `parse_mig_minors` of the node's table (None when it could not be read);
     `cdi_uuid()` makes the unique part of the CDI annotation key.
     """

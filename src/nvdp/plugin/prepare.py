@@ -17,16 +17,10 @@ from msgspec import Struct
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan
+from nvdp.plugin.errors import NvmlMissing, StartupError
+from nvdp.plugin.imex import channels_on_node
 
-
-class StartupError(Exception):
-    """Why the plugin cannot serve with this config on this node; the message has the fix."""
-
-
-class NvmlMissing(Exception):
-    """NVML could not be initialised; `fail` says whether the config wants the plugin to exit."""
-
-    fail = True
+__all__ = ["NvmlMissing", "Prepared", "StartupError", "discover", "load_config", "make_plan", "prepare"]
 
 
 class Prepared(Struct, frozen=True):
@@ -82,4 +76,5 @@ def make_plan(config: Config, inventory: Inventory) -> Plan:
 def prepare(config: Config) -> Prepared:
     """GPUs and plan for a loaded config; raises StartupError or NvmlMissing."""
     inventory = discover(config)
+    config = channels_on_node(config)  # a required IMEX channel missing stops here; missing ones go
     return Prepared(config, inventory, make_plan(config, inventory))

@@ -24,11 +24,11 @@ from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
 from nvdp.plugin.allocate import (
-    CONTROL_DEVICE_PATHS,
     MIG_MINORS_FILE,
     AllocationRefused,
     allocate_container,
     parse_mig_minors,
+    present_control_paths,
     shown_ids,
 )
 from nvdp.plugin.api import deviceplugin_pb2 as pb
@@ -48,11 +48,6 @@ def container_dev_root(config: Config) -> str:
     """Where the plugin sees the driver's /dev: under the mounted driver root when it has one, else /."""
     root = config.flags.plugin.container_driver_root
     return root if root and os.path.isdir(os.path.join(root, "dev")) else "/"
-
-
-def present_control_paths(dev_root: str) -> frozenset[str]:
-    """The optional control nodes (/dev/nvidia-uvm, ...) that exist, looked up once at start."""
-    return frozenset(p for p in CONTROL_DEVICE_PATHS if os.path.exists(os.path.join(dev_root, p.lstrip("/"))))
 
 
 def read_mig_minors(path: str, logger: logging.Logger) -> dict[str, int] | None:
@@ -124,7 +119,7 @@ class DevicePluginServicer:
     def open(self) -> None:
         """Before serving: look up the host's device nodes once, and the MIG minors again."""
         if self._dev_paths_present is None:
-            present = present_control_paths(container_dev_root(self.config))
+            present = present_control_paths(os.path.exists)
             self._dev_paths_present = present.__contains__
         if any(d.is_mig for d in self.resource.devices):
             self._mig_minors = read_mig_minors(self._mig_minors_file, self.log)
