@@ -35,8 +35,6 @@ GPU = "nvidia.com/gpu"
 MPS_ROOT = "/run/nvidia/mps"
 SIM_STATE_DIR = f"{MPS_ROOT}/nvml-sim"
 T = TypeVar("T")
-# The kit's `kubernetes` Service address (what in-cluster configs dial) to its API server.
-KUBERNETES_SERVICE_NAT = "OUTPUT -d 10.0.0.1/32 -p tcp --dport 443 -j DNAT --to-destination 127.0.0.1:6443"
 
 
 class ClusterUnavailable(RuntimeError):
@@ -136,14 +134,6 @@ class Cluster:
 
     def restart_kubelet(self) -> None:
         raise NotImplementedError
-
-    @contextlib.contextmanager
-    def kubernetes_service_route(self) -> Iterator[None]:
-        """Pods on the host network reach the API server through the `kubernetes` Service while inside.
-
-        A cluster with kube-proxy already routes it; the kit's node overrides this.
-        """
-        yield
 
     # --- shared
     def _run(
@@ -305,18 +295,6 @@ class KitCluster(Cluster):
             archives={name: image.archive for name, image in built.items()},
         )
 
-    @contextlib.contextmanager
-    def kubernetes_service_route(self) -> Iterator[None]:
-        """The kit runs no kube-proxy and its pods have no route out of their bridge: a pod on the host
-        network dials the `kubernetes` Service address its in-cluster config names, and the host maps
-        that address to the API server, as kube-proxy would. The rule goes when the block ends."""
-        if self.host(f"iptables -w -t nat -C {KUBERNETES_SERVICE_NAT}", check=False).returncode != 0:
-            self.host(f"iptables -w -t nat -A {KUBERNETES_SERVICE_NAT}")
-        try:
-            yield
-        finally:
-            self.host(f"iptables -w -t nat -D {KUBERNETES_SERVICE_NAT}", check=False)
-
     def restart_kubelet(self) -> None:
         """Stop the kubelet (its pid as the kit recorded it) and start it again through node-up.sh."""
         pid_file = self.k8s_dir / "run" / "kubelet.pid"
@@ -445,3 +423,4 @@ def gpu_pod(name: str, image: str, gpus: int = 1, labels: dict[str, str] | None 
             }],
         },
     }  # fmt: skip
+

@@ -5,8 +5,8 @@ the node `nvidia.com/device-plugin.config=ts` switches it to time-slicing x4 thr
 watch: the same pod, never a moment at 0 GPUs. An unknown entry keeps the running config and says so in
 an Event on the Node, listing the entries there are; removing the label goes back to the default.
 
-The plugin runs on the host network, where `Cluster.kubernetes_service_route` lets it reach the API
-server on the kit (no kube-proxy there).
+The plugin runs on the pod network, as users install it, and reaches the API server through the
+`kubernetes` Service (its in-cluster config).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ INSTALL = (
     "--set-file", f"config.map.ts={DATA / 'time-slicing-4.yaml'}",
     "--set-file", f"config.map.plain={DATA / 'plain.yaml'}",
     "--set", "config.default=plain",
-    "--set", "devicePlugin.enableHostNetwork=true",
 )  # fmt: skip
 
 
@@ -34,8 +33,7 @@ INSTALL = (
 def release(cluster: Cluster, images: Images) -> Iterator[Release]:
     cluster.label({"nvidia.com/gpu.present": "true", LABEL: None})
     release = Release(cluster, images, "nvdp-pnc", "nvdp-e2e-node-config")
-    with cluster.kubernetes_service_route():
-        yield release
+    yield release
     release.uninstall()
     cluster.label({"nvidia.com/gpu.present": None, LABEL: None})
     cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
