@@ -428,6 +428,21 @@ class Release:
     def logs(self, component: str = "device-plugin") -> str:
         return self.cluster.logs(self.namespace, f"{self.selector},app.kubernetes.io/component={component}")
 
+    def wait_ready(self, component: str = "device-plugin", timeout: float = 60) -> float:
+        """Until every pod of `component` is Ready (its readiness probe passed); the seconds taken."""
+
+        def ready() -> bool:
+            pods = self.pods(component)
+            conditions = [pod["status"].get("conditions") or [] for pod in pods]
+            return bool(pods) and all(
+                any(c["type"] == "Ready" and c["status"] == "True" for c in each) for each in conditions
+            )
+
+        def diagnose() -> str:
+            return "\n".join(str(pod["status"]) for pod in self.pods(component))
+
+        return self.cluster.wait_for(f"the {component} pods Ready", ready, timeout, diagnose=diagnose)[1]
+
 
 def gpu_pod(name: str, image: str, gpus: int = 1, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A workload pod asking for `gpus` nvidia.com/gpu that just sleeps (exec into it to look around)."""
