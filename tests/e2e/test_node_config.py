@@ -26,7 +26,7 @@ until a new registration sends its list.
   asserted: at most one stream end and one registration; allocatable is the old count, the new count
   or 0, and a 0 that reaches the API lasts at most one node-status period plus the new resource's
   start; capacity is the old or the new count (the devices are never gone); once the new count showed
-  it stays. (So far no node status fell into such a gap: the poller has not seen a 0.)
+  it stays. (Those gaps are far shorter than the 10 s status period, so a 0 seldom reaches the API.)
 
 An unknown entry keeps the running config and says so in an Event on the Node, listing the entries.
 """
@@ -67,8 +67,9 @@ COUNT = {"plain": 1, "ts": 4, "mps": 10}
 # showed, any later change would have shown too.
 NODE_STATUS_S = 10.0
 TAIL_S = NODE_STATUS_S + 1.0
-# How long a 0 may last across a switch that makes the resource anew: up to one node-status period
-# before the new registration is published, plus the new resource's start (its MPS gate's poll).
+# How long a 0 may last in the API across a switch that makes the resource anew: it shows only if a
+# node status fell into the kubelet's gap, and the next status, one period later, has the new count;
+# the margin is for a new resource that starts slowly (its MPS gate polls the daemon's marker).
 GAP_S = NODE_STATUS_S + 5.0
 
 
