@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +39,6 @@ GPU = "nvidia.com/gpu"
 MPS_ROOT = "/run/nvidia/mps"
 SIM_STATE_DIR = f"{MPS_ROOT}/nvml-sim"
 T = TypeVar("T")
-# The kit's `kubernetes` Service address (what in-cluster configs dial) to its API server.
-KUBERNETES_SERVICE_NAT = "OUTPUT -d 10.0.0.1/32 -p tcp --dport 443 -j DNAT --to-destination 127.0.0.1:6443"
 
 
 class ClusterUnavailable(RuntimeError):
@@ -137,13 +139,12 @@ class Cluster:
     def restart_kubelet(self) -> None:
         raise NotImplementedError
 
-    @contextlib.contextmanager
-    def kubernetes_service_route(self) -> Iterator[None]:
-        """Pods on the host network reach the API server through the `kubernetes` Service while inside.
+    def kubelet_log_mark(self) -> str:
+        """Where the kubelet's log is now: `kubelet_log_since` gives what it wrote after."""
+        raise NotImplementedError
 
-        A cluster with kube-proxy already routes it; the kit's node overrides this.
-        """
-        yield
+    def kubelet_log_since(self, mark: str) -> str:
+        raise NotImplementedError
 
     # --- shared
     def _run(
@@ -305,17 +306,13 @@ class KitCluster(Cluster):
             archives={name: image.archive for name, image in built.items()},
         )
 
-    @contextlib.contextmanager
-    def kubernetes_service_route(self) -> Iterator[None]:
-        """The kit runs no kube-proxy and its pods have no route out of their bridge: a pod on the host
-        network dials the `kubernetes` Service address its in-cluster config names, and the host maps
-        that address to the API server, as kube-proxy would. The rule goes when the block ends."""
-        if self.host(f"iptables -w -t nat -C {KUBERNETES_SERVICE_NAT}", check=False).returncode != 0:
-            self.host(f"iptables -w -t nat -A {KUBERNETES_SERVICE_NAT}")
-        try:
-            yield
-        finally:
-            self.host(f"iptables -w -t nat -D {KUBERNETES_SERVICE_NAT}", check=False)
+    def kubelet_log_mark(self) -> str:
+        return str((self.k8s_dir / "logs" / "kubelet.log").stat().st_size)
+
+    def kubelet_log_since(self, mark: str) -> str:
+        with open(self.k8s_dir / "logs" / "kubelet.log", "rb") as log:
+            log.seek(int(mark))
+            return log.read().decode(errors="replace")
 
     def restart_kubelet(self) -> None:
         """Stop the kubelet (its pid as the kit recorded it) and start it again through node-up.sh."""
@@ -346,6 +343,12 @@ class KindCluster(Cluster):
 
     def restart_kubelet(self) -> None:
         self.host("systemctl restart kubelet")
+
+    def kubelet_log_mark(self) -> str:
+        return self.host("date +%s").stdout.strip()
+
+    def kubelet_log_since(self, mark: str) -> str:
+        return self.host(f"journalctl -u kubelet --since @{int(mark) - 1} -o cat --no-pager").stdout
 
     def setup(self) -> None:
         return None
@@ -425,6 +428,21 @@ class Release:
     def logs(self, component: str = "device-plugin") -> str:
         return self.cluster.logs(self.namespace, f"{self.selector},app.kubernetes.io/component={component}")
 
+    def wait_ready(self, component: str = "device-plugin", timeout: float = 60) -> float:
+        """Until every pod of `component` is Ready (its readiness probe passed); the seconds taken."""
+
+        def ready() -> bool:
+            pods = self.pods(component)
+            conditions = [pod["status"].get("conditions") or [] for pod in pods]
+            return bool(pods) and all(
+                any(c["type"] == "Ready" and c["status"] == "True" for c in each) for each in conditions
+            )
+
+        def diagnose() -> str:
+            return "\n".join(str(pod["status"]) for pod in self.pods(component))
+
+        return self.cluster.wait_for(f"the {component} pods Ready", ready, timeout, diagnose=diagnose)[1]
+
 
 def gpu_pod(name: str, image: str, gpus: int = 1, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A workload pod asking for `gpus` nvidia.com/gpu that just sleeps (exec into it to look around)."""
@@ -445,3 +463,207 @@ def gpu_pod(name: str, image: str, gpus: int = 1, labels: dict[str, str] | None 
             }],
         },
     }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The Node's nvidia.com/gpu as the API server answered at one moment."""
+
+    at: float  # time.monotonic() when the answer came
+    allocatable: int | None
+    capacity: int | None
+
+
+def _count(resources: dict[str, str] | None) -> int | None:
+    value = (resources or {}).get(GPU)
+    return None if value is None else int(value)
+
+
+class NodePoller:
+    """Reads the Node through the API every `every` seconds on a background thread, keeping each sample.
+
+    The GETs go through `kubectl proxy` (so either backend's credentials work), one at a time: a GET
+    that takes longer than `every` is followed by the next at once. A failed GET is counted in
+    `errors`, with the last message in `last_error`, and gives no sample.
+    """
+
+    def __init__(self, cluster: Cluster, every: float = 0.2) -> None:
+        self.cluster, self.every = cluster, every
+        self.samples: list[Sample] = []
+        self.errors = 0
+        self.last_error = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._proxy: subprocess.Popen[str] | None = None
+        self._thread: threading.Thread | None = None
+        self._url = ""
+        # Straight to the local proxy, whatever http_proxy says.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def __enter__(self) -> NodePoller:
+        self._proxy = subprocess.Popen([*self.cluster.kubectl_argv(), "proxy", "--port=0"], text=True,
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+        assert self._proxy.stdout is not None
+        line = self._proxy.stdout.readline()  # "Starting to serve on 127.0.0.1:PORT"
+        if not line.startswith("Starting to serve on "):
+            self._proxy.kill()
+            self._proxy.wait()
+            raise AssertionError(f"kubectl proxy did not start: {line!r}")
+        self._url = f"http://{line.split()[-1]}/api/v1/nodes/{self.cluster.node}"
+        self._thread = threading.Thread(target=self._loop, name="node poller", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        if self._proxy is not None:
+            self._proxy.terminate()
+            self._proxy.wait(10)
+
+    def _loop(self) -> None:
+        due = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                with self._opener.open(self._url, timeout=5) as answer:
+                    status = json.load(answer)["status"]
+                sample = Sample(time.monotonic(), _count(status.get("allocatable")),
+                                _count(status.get("capacity")))  # fmt: skip
+                with self._lock:
+                    self.samples.append(sample)
+            except (OSError, ValueError, KeyError) as err:
+                self.errors += 1
+                self.last_error = repr(err)
+            due = max(due + self.every, time.monotonic())
+            self._stop.wait(due - time.monotonic())
+
+    def since(self, start: float) -> list[Sample]:
+        with self._lock:
+            return [sample for sample in self.samples if sample.at >= start]
+
+    def latest(self) -> Sample | None:
+        with self._lock:
+            return self.samples[-1] if self.samples else None
+
+
+@dataclass(frozen=True)
+class Window:
+    """The samples of one stretch of time (e.g. one config switch) and the counts allowed in it."""
+
+    name: str
+    start: float
+    samples: list[Sample]
+    allowed: frozenset[int]
+
+    @property
+    def allocatable(self) -> list[int | None]:
+        return [sample.allocatable for sample in self.samples]
+
+    def runs(self) -> list[tuple[int | None, int, float, float]]:
+        """(value, samples, from, to) per run of equal allocatable counts; seconds since `start`; `to`
+        is when the next run's first sample came (the end of the window for the last run)."""
+        out: list[tuple[int | None, int, float, float]] = []
+        for sample in self.samples:
+            at = sample.at - self.start
+            if out and out[-1][0] == sample.allocatable:
+                value, n, begin, _ = out[-1]
+                out[-1] = (value, n + 1, begin, at)
+            else:
+                if out:
+                    value, n, begin, _ = out[-1]
+                    out[-1] = (value, n, begin, at)
+                out.append((sample.allocatable, 1, at, at))
+        return out
+
+    def drops(self) -> list[tuple[int | None, int, float, float]]:
+        """The runs whose count is not allowed: (value, samples, from, to)."""
+        return [run for run in self.runs() if run[0] not in self.allowed]
+
+    def describe(self) -> str:
+        known = [value for value in self.allocatable if value is not None]
+        low, high = (min(known), max(known)) if known else (None, None)
+        span = self.samples[-1].at - self.samples[0].at if self.samples else 0.0
+        capacity = sorted({sample.capacity for sample in self.samples}, key=str)
+        runs = ", ".join(f"{v} x{n} ({a:.1f}-{b:.1f} s)" for v, n, a, b in self.runs())
+        return (f"{self.name}: {len(self.samples)} samples in {span:.1f} s, allocatable min {low} "
+                f"max {high}, capacity {capacity}; runs: {runs}")  # fmt: skip
+
+
+# A klog line: severity, MMDD, wall-clock time, thread, file:line] "message" key=value ...
+_KLOG = re.compile(r'^[IWEF]\d{4} (\d\d):(\d\d):(\d\d\.\d+)\s+\d+ \S+\] "([^"]*)"(.*)$')
+_FIELD = re.compile(r'(\w+)=("[^"]*"|\S+)')
+
+
+@dataclass(frozen=True)
+class KubeletLine:
+    at: float  # seconds since midnight, the kubelet's clock
+    message: str
+    fields: dict[str, str]
+
+
+def device_plugin_lines(log: str, resource: str = GPU) -> list[KubeletLine]:
+    """The kubelet's log lines about the device plugin of `resource` (its device manager's, at --v=2)."""
+    out: list[KubeletLine] = []
+    for line in log.splitlines():
+        match = _KLOG.match(line)
+        if match is None:
+            continue
+        hours, minutes, seconds, message, rest = match.groups()
+        fields = {key: value.strip('"') for key, value in _FIELD.findall(rest)}
+        if resource in (fields.get("resource"), fields.get("resourceName"), fields.get("name"),
+                        fields.get("plugin")):  # fmt: skip
+            at = int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+            if out and at < out[-1].at:  # past midnight
+                at += 86400
+            out.append(KubeletLine(at, message, fields))
+    return out
+
+
+@dataclass(frozen=True)
+class KubeletView:
+    """What the kubelet's device manager did with one resource in a stretch of its log."""
+
+    lines: list[KubeletLine]
+
+    @property
+    def streams_ended(self) -> int:
+        """How often the kubelet saw the plugin's ListAndWatch stream end (the plugin endpoint gone)."""
+        return sum(line.message.startswith("ListAndWatch ended") for line in self.lines)
+
+    @property
+    def registrations(self) -> int:
+        return sum(line.message.startswith("Got registration request") for line in self.lines)
+
+    def healthy(self) -> list[tuple[float, int]]:
+        """(time, healthy devices) each time the device manager's count changed: a disconnected plugin's
+        devices are all marked Unhealthy (0), each list from the plugin sets the count it says."""
+        out: list[tuple[float, int]] = []
+        for line in self.lines:
+            if line.message.startswith("Mark all resources Unhealthy"):
+                count = 0
+            elif line.message.startswith("Processed device updates") and "healthyCount" in line.fields:
+                count = int(line.fields["healthyCount"])
+            else:
+                continue
+            if not out or out[-1][1] != count:
+                out.append((line.at, count))
+        return out
+
+    def without(self, allowed: frozenset[int]) -> list[tuple[int, float]]:
+        """(count, seconds) of each stretch the kubelet held a healthy count not in `allowed` (inf: until
+        the end of the log)."""
+        out: list[tuple[int, float]] = []
+        changes = self.healthy()
+        for (at, count), (until, _) in itertools.pairwise(changes):
+            if count not in allowed:
+                out.append((count, until - at))
+        if changes and changes[-1][1] not in allowed:
+            out.append((changes[-1][1], float("inf")))
+        return out
+
+    def describe(self, allowed: frozenset[int]) -> str:
+        gaps = ", ".join(f"{count} for {seconds * 1000:.0f} ms" for count, seconds in self.without(allowed))
+        return (f"kubelet: stream ended {self.streams_ended}x, registrations {self.registrations}, "
+                f"healthy counts {[count for _, count in self.healthy()]}, outside {sorted(allowed)}: "
+                f"{gaps or 'never'}")  # fmt: skip

@@ -3,6 +3,9 @@
 The user's own values (affinity serverType=gpu, which their nodes carry) and MPS config, plus
 gfd.enabled: the labeller sets nvidia.com/mps.capable=true, the MPS daemon is scheduled, the plugin
 reaches 10. Then the config switches to time-slicing and the label follows.
+
+The labeller runs on the pod network, as users install it, and reaches the API server through the
+`kubernetes` Service (its in-cluster config).
 """
 
 from __future__ import annotations
@@ -18,9 +21,7 @@ SCENARIO = "seed 004 + gfd.enabled"
 pytestmark = pytest.mark.incremental
 N = "nvidia.com/"
 MPS_LABEL = N + "mps.capable"
-# The labeller runs on the host network, where `Cluster.kubernetes_service_route` lets it reach the API
-# server on the kit (no kube-proxy there). The labeller itself is unchanged.
-GFD_ON = ("--set", "gfd.enabled=true", "--set", "gfd.enableHostNetwork=true")
+GFD_ON = ("--set", "gfd.enabled=true")
 
 
 def gfd_labels(cluster: Cluster) -> dict[str, str]:
@@ -40,8 +41,7 @@ def release(cluster: Cluster, images: Images) -> Iterator[Release]:
     cluster.label({"serverType": "gpu", MPS_LABEL: None})
     cluster.label(owned_labels_none(cluster) or {MPS_LABEL: None})
     release = Release(cluster, images, "nvdp", "nvdp-e2e-gfd")
-    with cluster.kubernetes_service_route():
-        yield release
+    yield release
     release.uninstall()
     cluster.label({"serverType": None, **owned_labels_none(cluster)} | {MPS_LABEL: None})
     cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
@@ -52,6 +52,8 @@ def test_install_reaches_10_with_no_hand_label(cluster: Cluster, release: Releas
         config = f"config.map.config={DATA / 'seed-004-config.yaml'}"
         done = release.install("-f", str(DATA / "seed-004-values.yaml"), "--set-file", config, *GFD_ON)
     assert "kubectl label node" not in done.stdout, "NOTES ask for no hand label when GFD is on"
+    (labeller,) = release.pods("gpu-feature-discovery")
+    assert not labeller["spec"].get("hostNetwork"), "the labeller runs on the pod network"
     seconds = cluster.wait_allocatable(10, timeout=180, namespace=release.namespace)
     timings.add(SCENARIO, "installed -> allocatable 10 (GFD labels, MPS daemon starts)", seconds)
     labels = gfd_labels(cluster)

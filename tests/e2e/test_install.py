@@ -29,6 +29,13 @@ def test_default_install_advertises_the_t4(cluster: Cluster, release: Release, t
     timings.add(
         SCENARIO, "installed -> allocatable 1", cluster.wait_allocatable(1, namespace=release.namespace)
     )
+    # Ready through the kubelet's HTTP probe of the pod's IP on the pod network (every 10 s).
+    (pod,) = release.pods("device-plugin")
+    assert not pod["spec"].get("hostNetwork") and pod["status"]["podIP"] != pod["status"]["hostIP"]
+    (container,) = [c for c in pod["spec"]["containers"] if c.get("readinessProbe")]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    seconds = release.wait_ready()
+    timings.add(SCENARIO, "allocatable 1 -> Ready (kubelet's HTTP probe)", seconds)
 
 
 def test_helm_test_passes(cluster: Cluster, release: Release, timings: Timings) -> None:

@@ -1,13 +1,10 @@
-"""Metrics, probes and `nvdp doctor` on a real node.
+"""Metrics, probes and `nvdp doctor` on a real node, with the plugin on the host network.
 
-The kit's node runs no kube-proxy, so a Service's cluster IP carries no traffic. The metrics Service is
-headless anyway: Prometheus scrapes the endpoints it selects, one per pod, and so does this scenario. It
-reads the Service's EndpointSlices and fetches /metrics from each endpoint, from the node itself.
-The kit's pod bridge has no address on the host either, so neither this test nor the kubelet's HTTP
-probes reach a pod IP: the plugin runs on the host network here (`devicePlugin.enableHostNetwork`),
-its endpoint is the node's address, and the probes are the kubelet's real ones.
-Without kube-proxy pods cannot reach the API server through the `kubernetes` Service either, so Node
-events are checked against a throwaway API server in tests/integration/test_node_events.py instead.
+Users set `devicePlugin.enableHostNetwork` too, so this is the suite's one scenario that does: the
+plugin's pod IP is the node's address, its probe and metrics ports listen there, and it still reaches
+the API server through the `kubernetes` Service. The kubelet's real HTTP probes decide readiness. The
+metrics Service is headless: Prometheus scrapes the endpoints it selects, one per pod, and so does this
+scenario, reading the Service's EndpointSlices and fetching /metrics from each endpoint from the node.
 """
 
 from __future__ import annotations
@@ -58,13 +55,15 @@ def get(cluster: Cluster, url: str) -> str:
 def test_install_with_metrics_is_ready_when_registered(cluster: Cluster, release: Release,
                                                         timings: Timings) -> None:
     with timings.measure(SCENARIO, "helm install --wait (metrics.enabled)"):
-        release.install("--set", "metrics.enabled=true", "--set", "probes.enabled=true",
-                        "--set", "devicePlugin.enableHostNetwork=true")
+        release.install("--set", "metrics.enabled=true", "--set", "devicePlugin.enableHostNetwork=true")
     seconds = cluster.wait_allocatable(1, namespace=release.namespace)
     timings.add(SCENARIO, "installed -> allocatable 1", seconds)
     (pod,) = release.pods("device-plugin")
-    ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
-    assert ready["Ready"] == "True", pod["status"]
+    assert pod["spec"].get("hostNetwork") is True
+    assert pod["status"]["podIP"] == pod["status"]["hostIP"], pod["status"]
+    (container,) = [c for c in pod["spec"]["containers"] if c.get("readinessProbe")]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    timings.add(SCENARIO, "allocatable 1 -> Ready (kubelet's HTTP probe)", release.wait_ready())
 
 
 def test_scrape_through_the_services_endpoints(cluster: Cluster, release: Release, timings: Timings) -> None:
