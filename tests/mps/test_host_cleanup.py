@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.mps import hostmount, main
+from nvdp.mps import host_setup, hostmount, main
 from nvdp.mps.commands import MpsGpu, MpsSettings
 from nvdp.mps.paths import ResourcePaths
 
@@ -27,14 +27,14 @@ def test_final_stop_removes_pipe_and_marker_and_keeps_the_log(
         (paths.log_dir / "control.log").write_text("log")
     (tmp_path / "shm").mkdir()
     (tmp_path / "nvml-sim").mkdir()
-    main.clean_up([settings("nvidia.com/gpu")], tmp_path)
+    host_setup.clean_up([settings("nvidia.com/gpu")], tmp_path)
     gpu = ResourcePaths(tmp_path, "nvidia.com/gpu")
     assert not gpu.pipe_dir.exists() and not gpu.ready_marker.exists()
     assert (gpu.log_dir / "control.log").read_text() == "log", "the bounded log stays for post-mortems"
     assert ResourcePaths(tmp_path, "nvidia.com/gpu.shared").pipe_dir.is_dir(), (
         "another config's resource stays"
     )
-    main.clean_up([settings("nvidia.com/gpu.shared")], tmp_path)
+    host_setup.clean_up([settings("nvidia.com/gpu.shared")], tmp_path)
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     assert left == [
         "nvidia.com", "nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/gpu.shared/log",
