@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from nvdp.config.loader import load_config
 from nvdp.plan import plan
+from nvdp.plugin.allocate import CONTROL_DEVICE_PATHS
 from sim.kubelet import KubeletSim
 
 from .conftest import MakeBarePlugin, MakePlugin, PluginProcess
@@ -159,8 +161,10 @@ def test_allocate_strategies(make_plugin: MakePlugin, kubelet: KubeletSim, strat
     stop_cleanly(plugin)
 
 
-def test_pass_device_specs_with_a_fake_dev_root(make_plugin: MakePlugin, kubelet: KubeletSim,
-                                                tmp_path: Path) -> None:
+def test_pass_device_specs_look_for_control_nodes_at_dev_as_nvidia_does(
+        make_plugin: MakePlugin, kubelet: KubeletSim, tmp_path: Path) -> None:
+    """Control nodes under the mounted driver root are not what counts: NVIDIA stats /dev/nvidiactl,
+    /dev/nvidia-uvm, ... in the plugin's own container; only the host paths go under the dev root."""
     driver_root = tmp_path / "driver-root"
     (driver_root / "dev").mkdir(parents=True)
     for name in ("nvidiactl", "nvidia-uvm"):
@@ -172,11 +176,9 @@ def test_pass_device_specs_with_a_fake_dev_root(make_plugin: MakePlugin, kubelet
     kubelet.wait_for_resource("nvidia.com/gpu", count=1, timeout=10)
     (response,) = kubelet.allocate("nvidia.com/gpu", [[gpu.uuid]])["container_responses"]
     paths = [(d["container_path"], d["host_path"], d["permissions"]) for d in response["devices"]]
-    assert paths == [
-        ("/dev/nvidiactl", "/run/nvidia/driver/dev/nvidiactl", "rw"),
-        ("/dev/nvidia-uvm", "/run/nvidia/driver/dev/nvidia-uvm", "rw"),
-        (f"/dev/nvidia{gpu.minor}", f"/run/nvidia/driver/dev/nvidia{gpu.minor}", "rw"),
-    ]
+    controls = [(p, f"/run/nvidia/driver{p}", "rw") for p in CONTROL_DEVICE_PATHS if os.path.exists(p)]
+    own = (f"/dev/nvidia{gpu.minor}", f"/run/nvidia/driver/dev/nvidia{gpu.minor}", "rw")
+    assert paths == [*controls, own]
     stop_cleanly(plugin)
 
 
