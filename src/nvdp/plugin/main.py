@@ -4,14 +4,9 @@ Exit status: 0 after SIGTERM/SIGINT/SIGQUIT; 1 when the plugin cannot start (inv
 missing with failOnInitError, a config that cannot be applied to this node's GPUs), with the cause
 and the fix in the log; 2 for command-line usage errors.
 
-SIGHUP reloads the config, re-reads the GPUs and re-plans. Servers of unchanged resources keep
-running; an invalid new config is reported and the previous one stays in force. A re-plan is also
-the way to clear devices marked Unhealthy (nothing else brings them back, as in NVIDIA's plugin).
-
-With --config-dir (CONFIG_DIR) the config is one entry of a directory, chosen by this node's label
-`nvidia.com/device-plugin.config`, else DEFAULT_CONFIG, else FALLBACK_STRATEGIES, under the rule all
-daemons share (nvdp.nodechoice). A label change or an edit of the chosen entry re-plans through the
-same path as SIGHUP.
+SIGHUP, and with --config-dir a change of this node's entry (nvdp.nodechoice), reloads the config,
+re-reads the GPUs and re-plans: unchanged resources keep their servers, an invalid config is reported
+and the previous one stays. A re-plan also clears devices marked Unhealthy, as in NVIDIA's plugin.
 """
 
 from __future__ import annotations
