@@ -396,6 +396,13 @@ def why_nvidia_cannot_run() -> str | None:
         return "unshare(1) is missing; NVIDIA's plugin needs it for its mount namespace"
     if not (UPSTREAM_DIR / "setup.sh").is_file():
         return f"{UPSTREAM_DIR} (NVIDIA's plugin and mock NVML) is not there"
+    # The mock shows only the GPUs whose /dev/nvidia<N> exists when some do (its "visibility filtering"),
+    # so a node left on this machine by another test would shrink the 8 GPUs the figures are taken on.
+    nodes = sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+    if nodes:
+        verb = "exists" if len(nodes) == 1 else "exist"
+        return (f"{', '.join(nodes)} {verb} on this machine, and NVIDIA's mock NVML then shows only the GPUs "
+                "whose node exists; remove them (they are not a real GPU's here) to compare on 8 GPUs")
     return None
 
 

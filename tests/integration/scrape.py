@@ -26,7 +26,9 @@ def get(port: int, path: str) -> tuple[int, str]:
         return err.code, err.read().decode()
 
 
-def wait_for_http(port: int, path: str, status: int, timeout: float = 10.0) -> str:
+def wait_for_http(port: int, path: str, status: int, timeout: float = 10.0, containing: str = "") -> str:
+    """The body of the first answer with `status` (and `containing` in it): the state it shows may need a
+    moment after the log line a test waited for (e.g. "starting" until the first attempts are done)."""
     deadline = time.monotonic() + timeout
     seen: object = None
     while time.monotonic() < deadline:
@@ -35,11 +37,12 @@ def wait_for_http(port: int, path: str, status: int, timeout: float = 10.0) -> s
         except OSError as err:
             seen = err
         else:
-            if code == status:
+            if code == status and containing in body:
                 return body
             seen = (code, body)
         time.sleep(0.05)
-    raise AssertionError(f"{path} did not answer {status} within {timeout}s; last: {seen}")
+    wanted = f"{status} with {containing!r}" if containing else f"{status}"
+    raise AssertionError(f"{path} did not answer {wanted} within {timeout}s; last: {seen}")
 
 
 def scrape(port: int) -> Samples:
