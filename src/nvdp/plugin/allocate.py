@@ -16,12 +16,20 @@ user cannot act on; the allocation lists them in `unhealthy` so the server can l
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from msgspec import Struct, field
 
 from nvdp.config.model import Config
+
+# The node names and the MIG capability table live below the plugin, shared with the CDI spec; the
+# names stay importable from here.
+from nvdp.inventory.devnodes import CONTROL_DEVICE_PATHS as CONTROL_DEVICE_PATHS
+from nvdp.inventory.devnodes import IMEX_CHANNEL_DEV_DIR as IMEX_CHANNEL_DEV_DIR
+from nvdp.inventory.devnodes import MIG_CAP_DEV_DIR as MIG_CAP_DEV_DIR
+from nvdp.inventory.devnodes import MIG_MINORS_FILE as MIG_MINORS_FILE
+from nvdp.inventory.devnodes import mig_cap_keys as mig_cap_keys
+from nvdp.inventory.devnodes import parse_mig_minors as parse_mig_minors
 from nvdp.plan.ids import device_container_ids
 from nvdp.plan.model import REPLICA_SEPARATOR, PlannedDevice, PlannedResource
 from nvdp.text import short_list
@@ -34,11 +42,6 @@ IMEX_CHANNELS_ENV = "NVIDIA_IMEX_CHANNELS"
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 # The directory nvidia-container-runtime scans for volume-mounts device lists.
 VOLUME_MOUNTS_DIR = "/var/run/nvidia-container-devices"
-# The control nodes every NVML-managed container may get, in NVIDIA's order; each is optional.
-CONTROL_DEVICE_PATHS = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
-IMEX_CHANNEL_DEV_DIR = "/dev/nvidia-caps-imex-channels"
-MIG_CAP_DEV_DIR = "/dev/nvidia-caps"
-MIG_MINORS_FILE = "/proc/driver/nvidia-caps/mig-minors"
 DEVICE_PERMISSIONS = "rw"
 # How many advertised devices a refusal lists before summarising the rest.
 _ADVERTISED_SHOWN = 4
@@ -87,35 +90,6 @@ def present_control_paths(exists: Callable[[str], bool]) -> frozenset[str]:
     Only the host path is put under the dev root (`flags.nvidiaDevRoot`).
     """
     return frozenset(p for p in CONTROL_DEVICE_PATHS if exists(p))
-
-
-# --- /proc/driver/nvidia-caps/mig-minors -----------------------------------------------------------
-
-_MIG_MINOR_LINE = re.compile(r"^(?P<cap>\S+)\s+(?P<minor>\d+)$")
-
-
-def parse_mig_minors(text: str) -> dict[str, int]:
-    """Parse the kernel's MIG capability table: lines like `gpu0/gi1/access 12`, `gpu0/gi1/ci0/access 13`.
-
-    Keys are the capability names as written (`config`, `monitor`, `gpu<minor>/gi<g>/access`,
-    `gpu<minor>/gi<g>/ci<c>/access`); values are the minors of /dev/nvidia-caps/nvidia-cap<minor>.
-    """
-    minors: dict[str, int] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line:
-            continue
-        match = _MIG_MINOR_LINE.match(line)
-        if match is None:
-            raise ValueError(f"{MIG_MINORS_FILE} line {number}: expected '<capability> <minor>', got {raw!r}")
-        minors[match["cap"]] = int(match["minor"])
-    return minors
-
-
-def mig_cap_keys(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[str, str]:
-    """The mig-minors entries one MIG device needs: its GPU instance and its compute instance."""
-    gi = f"gpu{gpu_minor}/gi{gi_id}/access"
-    return gi, f"gpu{gpu_minor}/gi{gi_id}/ci{ci_id}/access"
 
 
 # --- validation -------------------------------------------------------------------------------------
