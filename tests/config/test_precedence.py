@@ -182,7 +182,7 @@ def test_bad_cdi_hook_names_name_the_variable_and_the_hooks(env: dict[str, str],
     assert (issue.source, issue.path) == ("CDI_DISABLE_HOOKS", path)
     assert message in issue.message
     if "allowed" in message:
-        assert "create-symlinks" in issue.fix and "all" in issue.fix
+        assert issue.fix is not None and "create-symlinks" in issue.fix and "all" in issue.fix
 
 
 def test_kubelet_paths_env() -> None:

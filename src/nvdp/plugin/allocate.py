@@ -16,7 +16,7 @@ user cannot act on; the allocation lists them in `unhealthy` so the server can l
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from msgspec import Struct, field
 
@@ -176,13 +176,19 @@ def _unique(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def _cdi_names(ids: Sequence[str], config: Config) -> list[str]:
+def _cdi_names(ids: Sequence[str], config: Config, classes: Collection[str]) -> list[str]:
+    """The CDI names for `ids`, in NVIDIA's order; the optional classes only when their spec exists.
+
+    The `gpu` spec always exists while a CDI strategy serves (the plugin writes it before it
+    registers); the IMEX channel, GDRCopy, GDS and MOFED specs only when their files were found.
+    """
     names = [f"{CDI_VENDOR}/gpu={i}" for i in ids]
-    names += [f"{CDI_VENDOR}/imex-channel={ch}" for ch in config.imex.channel_ids]
+    if "imex-channel" in classes:
+        names += [f"{CDI_VENDOR}/imex-channel={ch}" for ch in config.imex.channel_ids]
     flags = config.flags
     extras = ((flags.gdrcopy_enabled, "gdrcopy"), (flags.gds_enabled, "gds"), (flags.mofed_enabled, "mofed"))
     for enabled, kind in extras:
-        if enabled:
+        if enabled and kind in classes:
             names.append(f"{CDI_VENDOR}/{kind}=all")
     return names
 
@@ -241,13 +247,16 @@ def allocate_container(
     dev_paths_present: Callable[[str], bool],
     mig_cap_minors: Mapping[str, int] | None,
     cdi_uuid: Callable[[], str],
+    cdi_classes: Collection[str],
 ) -> ContainerAllocation:
     """The response for one container asking for `device_ids` of `resource`.
 
     `dev_paths_present(path)` says whether an optional control node (`/dev/nvidia-uvm`, ...) exists
     (`present_control_paths`);
     `mig_cap_minors` is `parse_mig_minors` of the node's table (None when it could not be read);
-    `cdi_uuid()` makes the unique part of the CDI annotation key.
+    `cdi_uuid()` makes the unique part of the CDI annotation key;
+    `cdi_classes` are the CDI classes whose specs the plugin wrote (`SpecSet.classes()`): an optional
+    class (imex-channel, gdrcopy, gds, mofed) is named only when it is among them.
     """
     devices = resolve_devices(resource, device_ids)
     plugin = config.flags.plugin
@@ -261,7 +270,7 @@ def allocate_container(
     cdi_devices: list[str] = []
 
     if strategies & {"cdi-annotations", "cdi-cri"}:
-        names = _cdi_names(ids, config)
+        names = _cdi_names(ids, config, cdi_classes)
         if "cdi-annotations" in strategies:
             annotations[_annotation_key(plugin.cdi_annotation_prefix, cdi_uuid())] = ",".join(names)
         if "cdi-cri" in strategies:
