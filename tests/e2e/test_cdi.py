@@ -5,17 +5,17 @@ plugin writes to /var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json. No GPU: the
 stand-in NVML (one T4); the driver files the spec points at are a fake driver root the test makes on
 the host, with real ELF libraries (compiled here, the T4 profile's driver version) and device nodes:
 
-    <dir>/driver-root/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15   (SONAME libcuda.so.1; cuInit,
+    <dir>/driver/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15   (SONAME libcuda.so.1; cuInit,
         cuDriverGetVersion), libcuda.so.1 -> it, libcuda.so -> libcuda.so.1, and two more versioned
         libraries with their SONAME links (no libnvidia-ml: the plugin would load it instead of the
         image's stand-in NVML)
-    <dir>/driver-root/usr/bin/nvidia-smi                              a shell stub
-    <dir>/driver-root/dev/nvidia0 (c 195:0), dev/nvidiactl (c 195:255)
+    <dir>/driver/usr/bin/nvidia-smi                                   a shell stub
+    <dir>/driver/dev/nvidia0 (c 195:0), dev/nvidiactl (c 195:255)
     <dir>/hook/nvidia-cdi-hook                                        a stand-in hook: records its
         arguments in <dir>/hook-calls.log and exits 0 (containerd's runc runs it on the host)
     /dev/nvidia0, /dev/nvidiactl on the host (mknod; only when absent, and removed at the end)
 
-Installed with `nvidiaDriverRoot=<dir>/driver-root` (mounted at /driver-root in the plugin, where it
+Installed with `nvidiaDriverRoot=<dir>/driver` (mounted at /driver-root in the plugin, where it
 finds the libraries and, as the root has a dev/, stats the device nodes), `nvidiaDevRoot=/` (so the
 spec's device nodes are the host's /dev/nvidia0 and /dev/nvidiactl) and `cdi.nvidiaHookPath` = the
 stand-in hook. Three per-node config entries (`--set-file config.map.<entry>=`), picked by the
@@ -30,11 +30,13 @@ The story, each step on the one before:
 2. a pod asking for nvidia.com/gpu: 1 runs; containerd took the name from the CRI's CDIDevices; the
    pod sees /dev/nvidia0 (c 195:0) and /dev/nvidiactl, every env entry of the spec, the libraries
    mounted read-only (libcuda loads and answers cuDriverGetVersion), the stub nvidia-smi; the hooks ran.
-3. upgrade to deviceListStrategy=cdi-annotations: the same, containerd took the name from the
-   container's annotation.
+3. upgrade to deviceListStrategy=cdi-annotations: read every 50 ms while the plugin pod is replaced,
+   the spec is always there with the same names; a pod gets the same, containerd took the name from
+   the container's annotation.
 4. label -> index: the spec's names become `0` and `all` (no UUID left) in the same plugin pod; read
    every 50 ms meanwhile, the spec is never torn and names only the old set, the old set plus the new
-   one, or the new set (a name the kubelet may hand out always resolves); a new pod gets `gpu=0`.
+   one, or the new set (a name the kubelet may hand out always resolves); still 0644, no temp file
+   left; a new pod gets `gpu=0`.
 5. label -> no-hooks: a spec without hooks, libcuda also mounted at libcuda.so.1: a pod loads
    libcuda.so.1 by its SONAME with no hook having run.
 6. uninstall: the spec stays (a container restarted later must still resolve its devices); the
@@ -97,7 +99,7 @@ class HostSetup:
 
     @property
     def driver_root(self) -> str:
-        return f"{self.dir}/driver-root"
+        return f"{self.dir}/driver"
 
     @property
     def hook(self) -> str:
@@ -233,6 +235,15 @@ def spec_mtime(cluster: Cluster) -> float:
     return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
 
 
+def assert_spec_file(cluster: Cluster) -> None:
+    """The spec is a plain file, mode 0644, and the writer left nothing else of nvdp's in the directory (no
+    temp file, no other class: the node has no IMEX channel and no gated mode)."""
+    assert cluster.host(f"stat -c '%F %a' {SPEC}").stdout.strip() == "regular file 644"
+    listing = cluster.host(f"ls -A {CDI_DIR}").stdout.split()
+    ours = [n for n in listing if n.startswith((VENDOR, ".nvdp")) or n.endswith(".tmp")]
+    assert ours == [SPEC.rsplit("/", 1)[1]], f"{CDI_DIR} holds {listing}"
+
+
 def assert_spec(spec: dict[str, Any], host: HostSetup, want: frozenset[str], hooks: bool = True) -> None:
     """What the gpu spec must say for the fake driver root, whatever the device names."""
     text = json.dumps(spec, indent=1)
@@ -241,7 +252,11 @@ def assert_spec(spec: dict[str, Any], host: HostSetup, want: frozenset[str], hoo
     assert spec["cdiVersion"] in CDI_VERSIONS and spec["cdiVersion"] >= "0.5.0", (
         f"cdiVersion {spec['cdiVersion']}: host paths and names starting with a digit need 0.5.0"
     )
-    assert "/driver-root" not in text, "a host path still names the plugin's container path /driver-root"
+    every = [spec.get("containerEdits") or {}] + [d.get("containerEdits") or {} for d in spec["devices"]]
+    host_paths = [x["hostPath"] for e in every for x in (e.get("deviceNodes") or []) + (e.get("mounts") or [])
+                  if "hostPath" in x]  # fmt: skip
+    inside = [path for path in host_paths if path.startswith("/driver-root")]
+    assert not inside, f"host paths name the plugin's container path /driver-root: {inside}"
     common = spec.get("containerEdits") or {}
     env = common.get("env") or []
     assert "NVIDIA_VISIBLE_DEVICES=void" in env, env
@@ -410,6 +425,7 @@ def switch(cluster: Cluster, release: Release, timings: Timings, entry: str, don
     assert before is not None
     uid, _ = plugin_pod(release)
     with SpecWatcher(cluster) as watcher:
+        start = time.monotonic()
         cluster.label({LABEL: entry})
 
         def written() -> dict[str, Any] | None:
@@ -420,11 +436,12 @@ def switch(cluster: Cluster, release: Release, timings: Timings, entry: str, don
             return f"spec now:\n{json.dumps(read_spec(cluster), indent=1)}\n{release.logs()}"
 
         what = f"the spec {done}"
-        spec, seconds = cluster.wait_for(what, written, timeout=90, every=0.1, diagnose=diagnose)
-        timings.add(SCENARIO, f"label {LABEL}={entry} -> spec {done}", seconds)
+        spec, _ = cluster.wait_for(what, written, timeout=90, every=0.1, diagnose=diagnose)
+        timings.add(SCENARIO, f"label {LABEL}={entry} -> spec {done}", time.monotonic() - start)
         time.sleep(1.0)  # a write that should not come after the new spec has a second to show
     assert plugin_pod(release) == (uid, 0), "the plugin pod was replaced or restarted for the switch"
     assert watcher.reads > 10, f"too few reads of the spec: {watcher.reads}"
+    assert_spec_file(cluster)
     return spec, watcher.seen
 
 
@@ -441,7 +458,7 @@ def test_install_cdi_cri_writes_the_spec_before_registering(
     timings.add(SCENARIO, "installed -> allocatable 1", seconds)
     spec = read_spec(cluster)
     assert spec is not None, f"no {SPEC} on the node once allocatable is 1:\n{release.logs()}"
-    assert cluster.host(f"stat -c %a {SPEC}").stdout.strip() == "644"
+    assert_spec_file(cluster)
     assert_spec(spec, host, frozenset({T4_UUID, "all"}))
     registered = [
         line.at
@@ -476,14 +493,19 @@ def test_upgrade_to_cdi_annotations(
     cluster: Cluster, release: Release, host: HostSetup, images: Images, timings: Timings
 ) -> None:
     uid, _ = plugin_pod(release)
-    with timings.measure(SCENARIO, "helm upgrade --wait (cdi-annotations)"):
-        release.upgrade(*values(host, "cdi-annotations"))
-    cluster.wait_for("the new plugin pod", lambda: plugin_pod(release)[0] != uid, 90)
-    release.wait_ready()
-    cluster.wait_allocatable(1, namespace=release.namespace)
+    uuid = frozenset({T4_UUID, "all"})
+    # The plugin pod is replaced: the spec stays (a container started meanwhile still resolves).
+    with SpecWatcher(cluster) as watcher:
+        with timings.measure(SCENARIO, "helm upgrade --wait (cdi-annotations)"):
+            release.upgrade(*values(host, "cdi-annotations"))
+        cluster.wait_for("the new plugin pod", lambda: plugin_pod(release)[0] != uid, 90)
+        release.wait_ready()
+        cluster.wait_allocatable(1, namespace=release.namespace)
+    assert watcher.seen == [uuid], f"the spec across the upgrade: {watcher.seen}"
     spec = read_spec(cluster)
     assert spec is not None, "the spec is gone after the upgrade"
-    assert_spec(spec, host, frozenset({T4_UUID, "all"}))
+    assert_spec(spec, host, uuid)
+    assert_spec_file(cluster)
     mark, calls = cluster.runtime_log_mark(), len(hook_calls(cluster, host))
     seen = run_pod(cluster, images, timings, "cdi-annotations-gpu", "cdi-annotations: pod created -> Ready")
     assert_pod_saw(seen, spec)
