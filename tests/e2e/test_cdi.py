@@ -458,6 +458,7 @@ def test_install_cdi_cri_writes_the_spec_before_registering(
     timings.add(SCENARIO, "installed -> allocatable 1", seconds)
     spec = read_spec(cluster)
     assert spec is not None, f"no {SPEC} on the node once allocatable is 1:\n{release.logs()}"
+    print(f"{SPEC} after the install:\n{json.dumps(spec, indent=1)}")
     assert_spec_file(cluster)
     assert_spec(spec, host, frozenset({T4_UUID, "all"}))
     registered = [
@@ -555,9 +556,12 @@ def test_label_switch_to_no_hooks(
 
 def test_uninstall_leaves_the_spec(cluster: Cluster, release: Release, host: HostSetup,
                                    timings: Timings) -> None:  # fmt: skip
+    before = read_spec(cluster)
+    assert before is not None
     with timings.measure(SCENARIO, "helm uninstall --wait"):
         release.uninstall()
     cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)
     spec = read_spec(cluster)
-    assert spec is not None, "uninstall removed the spec: a container restarted later cannot resolve gpu=0"
-    assert names(spec) == {"0", "all"}
+    assert spec is not None, "uninstall removed the spec: a container restarted later cannot resolve its GPU"
+    assert spec == before, "the spec changed at uninstall"
+    assert_spec_file(cluster)
