@@ -214,6 +214,22 @@ def fake_sysfs(sysfs: Path, bus_id: str) -> None:
 # --- NVIDIA's plugin ---------------------------------------------------------------------------------
 
 
+# NVIDIA's mock NVML hides the GPUs whose /dev/nvidia<i> is missing when some, not all, exist in /dev
+# (engine.detectVisibleDevices): a test elsewhere on this machine that makes /dev/nvidia0 would turn
+# 8 GPUs into 1. So both plugins run in a mount namespace whose /dev is a tmpfs holding nvidia0..7.
+PRIVATE_DEV = (
+    "mount -t tmpfs -o mode=755 nvdp-dev /dev && mknod -m 666 /dev/null c 1 3 "
+    "&& mknod -m 666 /dev/zero c 1 5 && mknod -m 666 /dev/urandom c 1 9 && mknod -m 666 /dev/random c 1 8 "
+    f"&& for i in 0 1 2 3 4 5 6 7; do mknod -m 666 /dev/nvidia$i c {NVIDIA_MAJOR} $i; done"
+)
+
+
+def with_private_dev(argv: list[str]) -> list[str]:
+    """`argv` in a mount namespace of its own whose /dev holds only the basic nodes and nvidia0..7."""
+    script = f'{PRIVATE_DEV} && exec "$@"'
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *argv]
+
+
 def unpack_upstream() -> Path:
     env = {"UPSTREAM_DIR": str(ROOT / ".build" / "nvidia-upstream"), **os.environ}
     out = subprocess.run(["bash", str(UPSTREAM_SHARED / "setup.sh")], check=True, capture_output=True,
@@ -241,7 +257,7 @@ def run_nvidia(case: Case, upstream: Path, work: Path) -> dict[str, Any]:
     build_fake_root(root, upstream / "lib" / f"libnvidia-ml.so.{DRIVER_VERSION}", bus_id)
     overlay = work / "ns-overlay"
     drm = f"/sys/bus/pci/devices/{bus_id}/drm"
-    inner = f'mkdir -p {drm}/card1 {drm}/renderD128 && exec "$@"'
+    inner = f'mkdir -p {drm}/card1 {drm}/renderD128 && {PRIVATE_DEV} && exec "$@"'
     argv = [
         "bash", str(UPSTREAM_SHARED / "run_in_ns.sh"), str(work / "device-plugins"),
         "sh", "-c", inner, "sh",

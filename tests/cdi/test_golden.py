@@ -42,6 +42,7 @@ from cdi_golden import (
     normalise,
     unpack_upstream,
     why_cannot_run,
+    with_private_dev,
 )
 
 from nvdp.cdi import build_specs
@@ -72,8 +73,8 @@ def inventory_from_mock(upstream: Path, root: Path, case: Case) -> Inventory:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NVML_SIM_", "MOCK_NVML"))}
     env.update(LD_LIBRARY_PATH=str(upstream / "lib"), MOCK_NVML_CONFIG=str(UPSTREAM_SHARED / "mock-profiles" /
                                                                            case.profile))
-    result = subprocess.run([sys.executable, "-c", DISCOVER, str(root)], env=env, capture_output=True,
-                            timeout=60, check=False)
+    argv = with_private_dev([sys.executable, "-c", DISCOVER, str(root)])
+    result = subprocess.run(argv, env=env, capture_output=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr.decode()
     return msgspec.json.decode(result.stdout, type=Inventory)
 

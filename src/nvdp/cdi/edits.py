@@ -61,7 +61,7 @@ def device_node(node: Node) -> DeviceNode:
         major=node.major,
         minor=node.minor,
         file_mode=node.mode or None,
-        permissions="rw" if node.host_path else "",
+        permissions="rwm" if node.host_path else "",
         gid=node.gid or None,
     )
 

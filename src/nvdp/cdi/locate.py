@@ -115,9 +115,11 @@ class Tree:
     def resolved(self, dirs: Iterable[str], pattern: str) -> list[str]:
         """The files matching `pattern` in `dirs`, links resolved, each once (NVIDIA's symlink locator)."""
         out: list[str] = []
-        for inside in self.matches(dirs, pattern):
+        # Any match, links judged after resolving them in the tree: an absolute link's target is the
+        # host's path, which the plugin's own stat would look for outside the tree.
+        for inside in self.matches(dirs, pattern, keep=os.path.lexists):
             target = self.resolve(inside)
-            if target is not None and target not in out:
+            if target is not None and target not in out and is_file(self.full(target)):
                 out.append(target)
         return out
 
