@@ -21,6 +21,10 @@ CdiHookName = Literal[
     "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification",
     "update-application-profile", "chmod", "all",
 ]
+# The CDI feature flags NVIDIA's plugin acts on; others are passed through (and ignored) as NVIDIA does.
+KNOWN_CDI_FEATURE_FLAGS = (
+    "no-additional-gids-for-device-nodes", "disable-ipc-discoverer", "enable-explicit-driver-libraries",
+)
 
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 RESOURCE_PREFIX = "nvidia.com/"
