@@ -8,6 +8,7 @@ the stand-in NVML and the kubelet simulator as in test_plugin_process.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -272,11 +273,9 @@ def test_a_driver_root_that_is_a_file_stops_the_start(make_cdi_plugin: MakeCdiPl
                                       "set nvidiaDriverRoot")
 
 
-@pytest.fixture
-def read_only_dir(tmp_path: Path) -> Iterator[Path]:
-    """A read-only file system (a tmpfs mounted ro), or a skip saying why there is none."""
-    folder = tmp_path / "ro-cdi"
-    folder.mkdir()
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[Path]:
+    """`folder` as a read-only file system (a tmpfs mounted ro over it), or a skip saying why not."""
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -289,6 +288,14 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(folder)], check=False)
 
 
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    folder = tmp_path / "ro-cdi"
+    folder.mkdir()
+    with read_only(folder):
+        yield folder
+
+
 def test_a_read_only_cdi_folder_stops_the_start(make_cdi_plugin: MakeCdiPlugin, kubelet: KubeletSim,
                                                 read_only_dir: Path) -> None:
     plugin, _node, _cdi = make_cdi_plugin("t4", NVDP_CDI_DIR=str(read_only_dir))
@@ -298,3 +305,26 @@ def test_a_read_only_cdi_folder_stops_the_start(make_cdi_plugin: MakeCdiPlugin, 
         f"{read_only_dir}/{SPEC_NAME}", "read-only file system",
         "mount the host's /var/run/cdi there read-write")
 
+
+
+def test_a_spec_that_cannot_be_written_at_reload_refuses_it(make_cdi_plugin: MakeCdiPlugin,
+                                                            kubelet: KubeletSim, tmp_path: Path) -> None:
+    """The CDI folder turned read-only under a serving plugin: a re-plan that needs new names is
+    refused, the old config (and its names) keep serving, and the spec on disk is the old one."""
+    config = tmp_path / "config.yaml"
+    write(config, "version: v1\n")
+    plugin, node, cdi = make_cdi_plugin("t4", CONFIG_FILE=str(config))
+    plugin.start()
+    kubelet.wait_for_resource(GPU, count=1, timeout=10)
+    before = cdi.spec_path.read_bytes()
+    write(config, "version: v1\nflags:\n  plugin:\n    deviceIDStrategy: index\n")
+    with read_only(cdi.cdi_dir):
+        plugin.signal(signal.SIGHUP)
+        plugin.wait_for_log("Reload failed; still serving the previous configuration.")
+    refused = plugin.log.split("Reload failed")[1]
+    assert "cannot write the CDI specs for the re-plan" in refused and "read-only file system" in refused
+    assert cdi.spec_path.read_bytes() == before
+    uuid = node.inventory.gpus[0].uuid
+    assert allocated_names(kubelet, uuid) == [f"{GPU_KIND}={uuid}"]
+    assert plugin.log.count("Registered device plugin") == 1  # nothing was restarted
+    assert plugin.stop() == 0
