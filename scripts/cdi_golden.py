@@ -103,7 +103,7 @@ def _mknod(path: Path, major: int, minor: int, mode: int = 0o666, gid: int = 0) 
         os.chown(path, 0, gid)
 
 
-def _elf_stub(path: Path, soname: str, work: Path) -> None:
+def elf_stub(path: Path, soname: str, work: Path) -> None:
     """A tiny real shared object with DT_SONAME `soname` (the toolkit reads SONAMEs with debug/elf)."""
     source = work / "stub.c"
     source.write_text("int nvdp_stub(void) { return 0; }\n")
@@ -146,13 +146,13 @@ def build_fake_root(root: Path, mock_library: Path, bus_id: str) -> None:
     v = DRIVER_VERSION
     lib = root / LIB_DIR
     lib.mkdir(parents=True)
-    _elf_stub(lib / f"libcuda.so.{v}", "libcuda.so.1", work)
+    elf_stub(lib / f"libcuda.so.{v}", "libcuda.so.1", work)
     _link(lib / "libcuda.so.1", f"libcuda.so.{v}")
     _link(lib / "libcuda.so", "libcuda.so.1")
     shutil.copyfile(mock_library, lib / f"libnvidia-ml.so.{v}")
     _link(lib / "libnvidia-ml.so.1", f"libnvidia-ml.so.{v}")
     _link(lib / "libnvidia-ml.so", "libnvidia-ml.so.1")
-    _elf_stub(lib / f"libnvidia-ptxjitcompiler.so.{v}", "libnvidia-ptxjitcompiler.so.1", work)
+    elf_stub(lib / f"libnvidia-ptxjitcompiler.so.{v}", "libnvidia-ptxjitcompiler.so.1", work)
     _link(lib / "libnvidia-ptxjitcompiler.so.1", f"libnvidia-ptxjitcompiler.so.{v}")
     for name in ("libnvidia-cfg", "libnvidia-opticalflow", "libGLX_nvidia", "libnvidia-allocator",
                  "libnvidia-vulkan-producer", "libnvidia-nvvm"):

@@ -8,6 +8,7 @@ The edge of CDI discovery that globs and follows links. Paths come in and go out
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import posixpath
@@ -59,6 +60,7 @@ class Tree:
     def __init__(self, root: str) -> None:
         self.root = posixpath.normpath(root) if root else "/"
         self._ldcache: tuple[ldcache.LdCacheEntry, ...] | None = None
+        self._listings: dict[str, list[str]] = {}
         self.searched: list[str] = []  # where libraries were looked for, for a "not found" message
 
     def full(self, inside: str) -> str:
@@ -102,15 +104,34 @@ class Tree:
         `keep(full path)` accepts, at most `count` (0: all). Links are not followed."""
         found: list[str] = []
         for folder in dirs:
-            base = self.full(folder)
-            self.searched.append(posixpath.join(base, pattern.lstrip("/")))
-            for full in sorted(glob.glob(posixpath.join(glob.escape(base), pattern.lstrip("/")))):
+            search = posixpath.join(self.full(folder), pattern.lstrip("/"))
+            self.searched.append(search)
+            for full in self._glob(search):
                 if not keep(full):
                     continue
                 found.append(self._inside(full))
                 if count and len(found) == count:
                     return found
         return found
+
+    def _glob(self, search: str) -> list[str]:
+        """Sorted matches of `search`, a path whose last part only may hold wildcards. Each folder is read
+        once per Tree: a library folder holds thousands of files and is searched a dozen times."""
+        folder, name = posixpath.split(search)
+        if glob.has_magic(folder):
+            return sorted(glob.glob(search))
+        if not glob.has_magic(name):
+            return [search] if os.path.lexists(search) else []
+        names = self._listings.get(folder)
+        if names is None:
+            try:
+                names = sorted(os.listdir(folder))
+            except OSError:
+                names = []
+            self._listings[folder] = names
+        hidden = name.startswith(".")  # as glob: a wildcard does not match a leading dot
+        matched = fnmatch.filter(names, name)
+        return [posixpath.join(folder, n) for n in matched if hidden or not n.startswith(".")]
 
     def resolved(self, dirs: Iterable[str], pattern: str) -> list[str]:
         """The files matching `pattern` in `dirs`, links resolved, each once (NVIDIA's symlink locator)."""
