@@ -15,6 +15,7 @@ import signal
 import stat
 import subprocess
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,9 +24,11 @@ import pytest
 from nvdp.doctor.cdi_specs import read_dirs
 from sim.kubelet import KubeletSim
 from sim.nvml import NodeSim
+from tests.kube.envtest import ControlPlane
 
 from .cdi_node import GPU_KIND, SPEC_NAME, VENDOR, CdiNode, make_cdi_node
 from .conftest import MakeBarePlugin, PluginProcess
+from .test_node_config import entries_dir
 
 pytestmark = pytest.mark.slow
 
@@ -327,4 +330,23 @@ def test_a_spec_that_cannot_be_written_at_reload_refuses_it(make_cdi_plugin: Mak
     uuid = node.inventory.gpus[0].uuid
     assert allocated_names(kubelet, uuid) == [f"{GPU_KIND}={uuid}"]
     assert plugin.log.count("Registered device plugin") == 1  # nothing was restarted
+    assert plugin.stop() == 0
+
+
+def test_a_node_label_switch_rewrites_the_spec(make_cdi_plugin: MakeCdiPlugin, kubelet: KubeletSim,
+                                              kube_api: ControlPlane, tmp_path: Path) -> None:
+    """Per-node config: the label picks the index entry; the running plugin rewrites the spec."""
+    node_name = f"gpu-{uuid.uuid4().hex[:8]}"
+    kube_api.create_node(node_name)
+    index = "version: v1\nflags:\n  plugin:\n    deviceIDStrategy: index\n"
+    entries = {"uuid": "version: v1\n", "index": index}
+    plugin, node, cdi = make_cdi_plugin("mixed-4", CONFIG_DIR=str(entries_dir(tmp_path, entries)),
+                                        DEFAULT_CONFIG="uuid", NODE_NAME=node_name,
+                                        KUBECONFIG=str(kube_api.admin_kubeconfig))
+    plugin.start()
+    kubelet.wait_for_resource(GPU, count=4, timeout=15)
+    assert set(cdi.device_names()) == {*(g.uuid for g in node.inventory.gpus), "all"}
+    kube_api.kubectl("label", "node", node_name, "nvidia.com/device-plugin.config=index")
+    plugin.wait_for_log("Reload applied")
+    assert set(cdi.device_names()) == {*(str(g.index) for g in node.inventory.gpus), "all"}
     assert plugin.stop() == 0
