@@ -306,3 +306,27 @@ def test_a_relative_hook_path_is_refused(tmp_path: Path) -> None:
     cfg = config(driver_tree(tmp_path / "root"), hook="nvidia-ctk")
     with pytest.raises(CdiError, match="is not absolute"):
         check_hook(cfg, resolve_roots(cfg), {})
+
+
+# --- the package's entry points ----------------------------------------------------------------------
+
+
+def test_cdi_enabled_by_a_cdi_strategy() -> None:
+    from nvdp.cdi import cdi_enabled
+
+    for strategies, enabled in ((("envvar",), False), (("cdi-cri",), True),
+                                (("envvar", "cdi-annotations"), True), (("volume-mounts",), False)):
+        flags = Flags(plugin=PluginFlags(device_list_strategy=strategies))  # type: ignore[arg-type]
+        assert cdi_enabled(Config(flags=flags)) is enabled
+
+
+def test_generate_logs_what_discovery_left_out(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from nvdp.cdi import generate
+    from nvdp.plan.model import Plan
+
+    root = driver_tree(tmp_path / "root")
+    (root / "dev").mkdir()  # a dev root without nvidiactl
+    with caplog.at_level("WARNING", logger="nvdp.cdi"):
+        specs = generate(config(root), inventory(), Plan())
+    assert specs.specs == ()  # no GPU, no gpu spec
+    assert f"CDI: no /dev/nvidiactl under the dev root {root}" in caplog.text

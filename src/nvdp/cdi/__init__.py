@@ -16,6 +16,8 @@ has); every failure is a CdiError whose message names the cause and the fix.
 
 from __future__ import annotations
 
+import logging
+
 from nvdp.cdi.build import SpecSet, build_specs
 from nvdp.cdi.errors import CdiError
 from nvdp.config.model import Config
@@ -33,7 +35,11 @@ def cdi_enabled(config: Config) -> bool:
 
 
 def generate(config: Config, inventory: Inventory, plan: Plan) -> SpecSet:
-    """This node's specs: its files and nodes read now, then built for `inventory` and `plan`."""
+    """This node's specs: its files and nodes read now, then built for `inventory` and `plan`. What
+    discovery left out and why is logged as warnings (logger `nvdp.cdi`)."""
     from nvdp.cdi.host import discover_host  # the filesystem edge, loaded only where CDI is on
 
-    return build_specs(config, inventory, plan, discover_host(config, inventory))
+    facts = discover_host(config, inventory)
+    for warning in facts.warnings:
+        logging.getLogger(__name__).warning("CDI: %s", warning)
+    return build_specs(config, inventory, plan, facts)
