@@ -409,6 +409,17 @@ def hook_calls(cluster: Cluster, host: HostSetup) -> list[str]:
     return cluster.host(f"cat {host.hook_log} 2>/dev/null || true").stdout.splitlines()
 
 
+def doctor_cdi(cluster: Cluster, release: Release) -> dict[str, dict[str, Any]]:
+    """`nvdp doctor --json` in the plugin pod: its two CDI findings (the names the plugin returns
+    resolve in the specs; the hook exists on the host), by check id."""
+    (pod,) = release.pods("device-plugin")
+    done = cluster.kubectl("exec", "-n", release.namespace, pod["metadata"]["name"], "--", "nvdp", "doctor",
+                           "--json", check=False)  # fmt: skip
+    checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+    assert "cdi" in checks and "cdi-hook" in checks, f"no CDI findings in the report: {sorted(checks)}"
+    return {name: checks[name] for name in ("cdi", "cdi-hook")}
+
+
 def plugin_pod(release: Release) -> tuple[str, int]:
     (pod,) = release.pods("device-plugin")
     restarts = sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or [])
@@ -473,6 +484,8 @@ def test_install_cdi_cri_writes_the_spec_before_registering(
         f"the spec was written {written - registered[0]:.3f} s after the kubelet got the registration"
     )
     assert "Traceback" not in release.logs()
+    found = doctor_cdi(cluster, release)
+    assert [f["status"] for f in found.values()] == ["PASS", "PASS"], found
 
 
 def test_cdi_cri_pod_gets_the_spec(
@@ -528,6 +541,9 @@ def test_label_switch_to_index_rewrites_the_spec(
     assert seen[-1] == new, f"the spec did not stay at {sorted(new)}: {seen}"
     assert_spec(spec, host, new)
     assert cluster.allocatable() == 1
+    # The doctor follows the node's entry: it looks up gpu=0, not the default entry's UUID.
+    found = doctor_cdi(cluster, release)
+    assert [f["status"] for f in found.values()] == ["PASS", "PASS"], found
     mark = cluster.runtime_log_mark()
     seen_pod = run_pod(cluster, images, timings, "cdi-index-gpu", "index: pod created -> Ready")
     assert_pod_saw(seen_pod, spec)
@@ -547,6 +563,9 @@ def test_label_switch_to_no_hooks(
     spec, seen = switch(cluster, release, timings, "no-hooks", "without hooks", hookless)
     assert all(s == new for s in seen), f"the names changed on a hooks-only switch: {seen}"
     assert_spec(spec, host, new, hooks=False)
+    found = doctor_cdi(cluster, release)
+    assert found["cdi"]["status"] == "PASS", found
+    assert found["cdi-hook"]["status"] == "PASS" and "not needed" in found["cdi-hook"]["detail"], found
     calls = len(hook_calls(cluster, host))
     seen_pod = run_pod(cluster, images, timings, "cdi-no-hooks-gpu", "no hooks: pod created -> Ready")
     assert_pod_saw(seen_pod, spec)
