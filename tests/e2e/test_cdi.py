@@ -26,7 +26,8 @@ The story, each step on the one before:
 1. install with deviceListStrategy=cdi-cri: the spec exists (mode 0644) and was written before the
    kubelet got the plugin's registration; it names the T4's UUID and `all`, the host's device nodes,
    the fake root's libraries (host paths under the fake root, container paths under /), the common env
-   (NVIDIA_VISIBLE_DEVICES=void, NVIDIA_CTK_LIBCUDA_DIR) and createContainer hooks at the hook path.
+   (NVIDIA_VISIBLE_DEVICES=void, NVIDIA_CTK_LIBCUDA_DIR) and createContainer hooks at the hook path;
+   `nvdp doctor` in the plugin pod finds every name resolving and the hook on the host.
 2. a pod asking for nvidia.com/gpu: 1 runs; containerd took the name from the CRI's CDIDevices; the
    pod sees /dev/nvidia0 (c 195:0) and /dev/nvidiactl, every env entry of the spec, the libraries
    mounted read-only (libcuda loads and answers cuDriverGetVersion), the stub nvidia-smi; the hooks ran.
@@ -36,9 +37,9 @@ The story, each step on the one before:
 4. label -> index: the spec's names become `0` and `all` (no UUID left) in the same plugin pod; read
    every 50 ms meanwhile, the spec is never torn and names only the old set, the old set plus the new
    one, or the new set (a name the kubelet may hand out always resolves); still 0644, no temp file
-   left; a new pod gets `gpu=0`.
+   left; the doctor looks up `gpu=0` (the node's entry) and finds it; a new pod gets `gpu=0`.
 5. label -> no-hooks: a spec without hooks, libcuda also mounted at libcuda.so.1: a pod loads
-   libcuda.so.1 by its SONAME with no hook having run.
+   libcuda.so.1 by its SONAME with no hook having run; the doctor says no hook is needed.
 6. uninstall: the spec stays (a container restarted later must still resolve its devices); the
    fixture removes it, with everything else the test made, whatever the outcome.
 """
