@@ -99,8 +99,8 @@ def test_build_without_a_cdi_strategy_is_none_and_its_errors_are_startup_errors(
     broken = load_config(None, {"DEVICE_LIST_STRATEGY": "cdi-cri",
                                 "DRIVER_ROOT_CTR_PATH": str(tmp_path / "empty")}, {})
     (tmp_path / "empty").mkdir()
-    with pytest.raises(StartupError, match="cannot generate the CDI specs the cdi-cri strategy needs: no "
-                                           r"libcuda.so.550.54.15 under the container driver root"):
+    expected = r"cannot generate the CDI specs \(deviceListStrategy cdi-cri\): no libcuda.so.550.54.15 under"
+    with pytest.raises(StartupError, match=expected):
         build(broken, inv, plan(broken, inv))
 
 

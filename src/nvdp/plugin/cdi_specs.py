@@ -54,13 +54,14 @@ def build(config: Config, inventory: Inventory, plan: Plan) -> SpecSet | None:
     from nvdp.cdi import cdi_enabled, generate
     from nvdp.cdi.errors import CdiError
 
-    assert cdi_enabled(config)
+    if not cdi_enabled(config):
+        return None
     _warn_unknown_feature_flags(config)
     try:
         return generate(config, inventory, plan)
     except CdiError as err:
-        strategies = _strategies(config)
-        raise StartupError(f"cannot generate the CDI specs the {strategies} strategy needs: {err}") from None
+        message = f"cannot generate the CDI specs (deviceListStrategy {','.join(_strategies(config))}): {err}"
+        raise StartupError(message) from None
 
 
 def classes(specs: SpecSet | None) -> frozenset[str]:
@@ -118,9 +119,8 @@ class CdiSpecs:
             self.log.info("CDI specs unchanged %s: %s", when, ", ".join(result.unchanged))
 
 
-def _strategies(config: Config) -> str:
-    names = [s for s in config.flags.plugin.device_list_strategy if s.startswith("cdi-")]
-    return " and ".join(names)
+def _strategies(config: Config) -> list[str]:
+    return [s for s in config.flags.plugin.device_list_strategy if s in CDI_STRATEGIES]
 
 
 def _warn_unknown_feature_flags(config: Config) -> None:
