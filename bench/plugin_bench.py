@@ -386,10 +386,10 @@ CDI_OTHER_FILES = 1500  # the rest of a distribution's library folder, which eve
 CDI_LIB_DIR = "usr/lib/x86_64-linux-gnu"
 CDI_CAPS_MAJOR = 237
 CDI_PROFILES = (("a100-sxm-8", "8 GPUs"), ("h100-mig-single", "8 GPUs, 56 MIG devices"))
-# What the child prints: the import of nvdp.cdi on top of what the plugin has loaded anyway, then the first
-# generation, both in ms.
+# What the child prints: the import of nvdp.cdi on top of what the plugin has loaded anyway (logging, re,
+# msgspec, config, inventory, plan), then the first generation, both in ms.
 CDI_COLD = """
-import sys, time
+import logging, re, sys, time
 import msgspec
 from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory

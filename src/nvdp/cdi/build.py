@@ -94,12 +94,12 @@ class _Builder:
 
     def __init__(self, config: Config, inventory: Inventory, facts: HostFacts) -> None:
         plugin = config.flags.plugin
-        flags = frozenset(getattr(plugin, "cdi_feature_flags", ()))
+        flags = frozenset(plugin.cdi_feature_flags)
         self.config = config
         self.inventory = inventory
         self.facts = facts
         self.gids = "no-additional-gids-for-device-nodes" not in flags
-        self.hooks = ed.HookMaker(plugin.nvidia_ctk_path, getattr(plugin, "cdi_disable_hooks", ()))
+        self.hooks = ed.HookMaker(plugin.nvidia_ctk_path, plugin.cdi_disable_hooks)
         self.strategy = plugin.device_id_strategy
 
     # --- devices -------------------------------------------------------------------------------------

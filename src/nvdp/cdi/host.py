@@ -61,8 +61,7 @@ def resolve_roots(config: Config) -> Roots:
 
 
 def disabled_hooks(config: Config) -> frozenset[str]:
-    # getattr: the config model gains these fields in step with this package.
-    return frozenset(getattr(config.flags.plugin, "cdi_disable_hooks", ()))
+    return frozenset(config.flags.plugin.cdi_disable_hooks)
 
 
 def hooks_needed(config: Config) -> bool:
@@ -120,7 +119,7 @@ def discover_host(config: Config, inventory: Inventory, *, sysfs_root: str | Non
                        f"{searched}): the CDI spec cannot name the driver's libraries; {FIX_DRIVER_ROOT}")
     check_hook(config, roots, env)
     warnings: list[str] = []
-    flags = frozenset(getattr(config.flags.plugin, "cdi_feature_flags", ()))
+    flags = frozenset(config.flags.plugin.cdi_feature_flags)
     explicit = "enable-explicit-driver-libraries" in flags
     libraries = driverfiles.libraries(tree, target, lib_dirs, version, explicit)
     graphics = driverfiles.graphics(tree, target, lib_dirs, version, warnings)
