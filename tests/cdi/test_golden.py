@@ -51,6 +51,7 @@ from nvdp.cdi.spec import encode
 from nvdp.config.model import Config, Flags, Imex, PluginFlags
 from nvdp.inventory.model import Inventory
 from nvdp.plan import plan
+from tests.cdi.cdischema import schema_errors
 from tests.cdi.compare import Tally, compare_spec
 
 REASON = why_cannot_run()
@@ -153,7 +154,9 @@ def take_hookless_mounts(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[s
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_nvdp_spec_matches_nvidia(case: Case, upstream: Path, tmp_path: Path) -> None:
     theirs = json.loads(golden_path(case).read_text())
-    ours = check_all_device(nvdp_specs(case, upstream, tmp_path))
+    ours = nvdp_specs(case, upstream, tmp_path)
+    assert {cls: schema_errors(spec) for cls, spec in ours.items()} == {cls: [] for cls in ours}
+    ours = check_all_device(ours)
     if "all" in case.disable_hooks:
         ours = take_hookless_mounts(ours, theirs)
     expected = nvidia_with_nvdp_differences(theirs)
