@@ -297,3 +297,11 @@ def test_merged_sets_resolve_the_names_of_both() -> None:
     gpu = merged.spec("gpu")
     assert gpu is not None and gpu.container_edits == index_specs.specs[0].container_edits
     assert [d.name for d in gpu.devices] == sorted(d.name for d in gpu.devices)
+
+
+def test_merged_all_covers_the_devices_of_both() -> None:
+    only_gpu0 = build(config(), FACTS, replace(INVENTORY, gpus=(GPU0,)))
+    only_mig = build(config(), FACTS, replace(INVENTORY, gpus=(replace(GPU1, mig_devices=(MIG,)),)))
+    merged = as_json(only_gpu0.merged(only_mig))
+    paths = {n["path"] for n in device_edits(merged, "all")["deviceNodes"]}
+    assert {"/dev/nvidia0", "/dev/dri/card1", "/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap148"} <= paths

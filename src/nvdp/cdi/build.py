@@ -58,7 +58,8 @@ class SpecSet(Struct, frozen=True):
 
     def merged(self, other: SpecSet) -> SpecSet:
         """The union per class, so the names of both sets resolve while a switch is under way: the
-        devices of both (`other`'s edits where both name a device) and `other`'s common edits."""
+        devices of both (`other`'s edits where both name a device, `all` the union of them all) and
+        `other`'s common edits."""
         specs: dict[str, Spec] = {s.cls: s for s in self.specs}
         for new in other.specs:
             old = specs.get(new.cls)
@@ -66,6 +67,9 @@ class SpecSet(Struct, frozen=True):
                 specs[new.cls] = new
                 continue
             devices = {d.name: d for d in old.devices} | {d.name: d for d in new.devices}
+            others = [d.container_edits for name, d in devices.items() if name != ALL_DEVICE]
+            if ALL_DEVICE in devices and others:  # `all` covers the devices of both
+                devices[ALL_DEVICE] = Device(name=ALL_DEVICE, container_edits=ed.join(*others))
             specs[new.cls] = _finish(new.kind, devices.values(), new.container_edits)
         return SpecSet(tuple(sorted(specs.values(), key=lambda s: _class_rank(s.cls))))
 
