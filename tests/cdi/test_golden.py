@@ -14,7 +14,8 @@ its reason, or checked on their own:
 - with every hook disabled nvdp mounts each library at its SONAME and link paths too (checked against
   an explicit list), since nothing else makes those links in the container.
 
-Building the root needs root (mknod); without it the tests skip and say why.
+Building the root needs root (mknod); without it the tests skip and say why. A slow test runs NVIDIA's
+plugin again and checks that the saved files are still what it writes on today's fake root.
 """
 
 from __future__ import annotations
@@ -167,3 +168,13 @@ def test_nvdp_spec_matches_nvidia(case: Case, upstream: Path, tmp_path: Path) ->
     print(f"{case.name}: {tally.devices} devices, {tally.entries} edit entries compared")
     assert tally.differences == []
     assert tally.devices >= 8  # a comparison of nothing would pass too
+
+
+@pytest.mark.slow
+def test_the_golden_files_are_what_nvidias_plugin_writes_now() -> None:
+    """NVIDIA's plugin run again on today's fake root writes exactly the saved specs (a change to the
+    root in scripts/cdi_golden.py needs the files regenerated)."""
+    script = Path(__file__).parents[2] / "scripts/cdi_golden.py"
+    result = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
