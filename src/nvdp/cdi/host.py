@@ -80,8 +80,10 @@ def check_hook(config: Config, roots: Roots, environ: Mapping[str, str]) -> None
     fix = (
         "Set cdi.nvidiaHookPath (--nvidia-cdi-hook-path / NVIDIA_CDI_HOOK_PATH) to the host path of "
         "nvidia-cdi-hook or nvidia-ctk (e.g. /usr/local/nvidia/toolkit/nvidia-cdi-hook under the GPU "
-        "Operator, /usr/bin/nvidia-ctk for a host install of the NVIDIA Container Toolkit), or set "
-        "--cdi-disable-hooks=all for specs without hooks (see docs/cdi.md for their limits)"
+        "Operator, /usr/bin/nvidia-ctk for a host install of the NVIDIA Container Toolkit), or write "
+        "specs without hooks: flags.plugin.cdiDisableHooks: [all] in the config file (with the chart: "
+        "config.map), or --cdi-disable-hooks=all / CDI_DISABLE_HOOKS=all (see docs/cdi.md for their "
+        "limits)"
     )
     if not hook.startswith("/"):
         raise CdiError(f"the CDI hook path {hook!r} is not absolute; the runtime runs it on the host. {fix}")
