@@ -3,10 +3,15 @@
     .venv/bin/python bench/plugin_bench.py [--quick]           # nvdp alone, on the stand-in NVML
     .venv/bin/python bench/plugin_bench.py --metrics           # what metrics and probes cost nvdp
     .venv/bin/python bench/plugin_bench.py --against-nvidia    # nvdp next to NVIDIA's plugin v0.20.0
+    .venv/bin/python bench/plugin_bench.py --cdi               # CDI spec generation (root: mknod)
 
 The first form prints one row per metric with its target and pass/FAIL. `--metrics` runs nvdp plain and
 with `--metrics-address`/`--health-address` side by side and prints what metrics add to Allocate and
-memory, and the plugin's CPU per probe and per scrape. `--against-nvidia` unpacks
+memory, and the plugin's CPU per probe and per scrape. `--cdi` times CDI spec generation on a fake
+driver root (real device nodes, a 550 driver's ELF libraries among 1500 other files) for the stand-in
+profiles a100-sxm-8 and h100-mig-single (56 MIG devices): warm in this process, cold in a fresh
+interpreter (importing nvdp.cdi, then the first generation), next to the plugin's spawn -> registered
+on the same profile in the same run. `--against-nvidia` unpacks
 NVIDIA's plugin and NVIDIA's mock NVML (8x A100) from ../shared/upstream, runs both plugins and the
 floor (bench/floor_plugin.py: the least a Python plugin must do) on that library with the same
 simulator, rotating which goes first in each round, and prints the median of every figure for each,
@@ -36,12 +41,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from sim.kubelet import KubeletSim  # noqa: E402
 from sim.nvml import NodeSim, build_library  # noqa: E402
+
+if TYPE_CHECKING:
+    from nvdp.inventory.model import Inventory
 
 UPSTREAM_DIR = Path(os.environ.get("NVDP_UPSTREAM_SHARED", ROOT.parent / "shared" / "upstream"))
 # Bytecode for nvdp is cached here: the image ships compiled modules (pip compiles at install), so the
@@ -362,6 +371,156 @@ def bench_metrics(calls: int, probe_calls: int) -> list[Row]:
     ]
 
 
+# --- CDI spec generation ---------------------------------------------------------------------------
+
+# The versioned libraries of a 550 driver (.run install, x86_64), each a small ELF file with its SONAME.
+CDI_LIBRARIES = (
+    "libcuda", "libcudadebugger", "libnvcuvid", "libnvidia-allocator", "libnvidia-cfg", "libnvidia-eglcore",
+    "libnvidia-encode", "libnvidia-fbc", "libnvidia-glcore", "libnvidia-glsi", "libnvidia-glvkspirv",
+    "libnvidia-gpucomp", "libnvidia-ml", "libnvidia-ngx", "libnvidia-nvvm", "libnvidia-opencl",
+    "libnvidia-opticalflow", "libnvidia-pkcs11", "libnvidia-pkcs11-openssl3", "libnvidia-ptxjitcompiler",
+    "libnvidia-rtcore", "libnvidia-tls", "libnvidia-wayland-client", "libnvoptix", "libGLX_nvidia",
+    "libEGL_nvidia", "libGLESv2_nvidia", "libGLESv1_CM_nvidia", "libnvidia-vulkan-producer",
+)  # fmt: skip
+CDI_OTHER_FILES = 1500  # the rest of a distribution's library folder, which every glob there walks
+CDI_LIB_DIR = "usr/lib/x86_64-linux-gnu"
+CDI_CAPS_MAJOR = 237
+CDI_PROFILES = (("a100-sxm-8", "8 GPUs"), ("h100-mig-single", "8 GPUs, 56 MIG devices"))
+# What the child prints: the import of nvdp.cdi on top of what the plugin has loaded anyway (logging, re,
+# msgspec, config, inventory, plan), then the first generation, both in ms.
+CDI_COLD = """
+import logging, re, sys, time
+import msgspec
+from nvdp.config.model import Config
+from nvdp.inventory.model import Inventory
+from nvdp.plan import plan
+t0 = time.perf_counter()
+import nvdp.cdi, nvdp.cdi.host
+t1 = time.perf_counter()
+config = msgspec.json.decode(open(sys.argv[1], "rb").read(), type=Config)
+inventory = msgspec.json.decode(open(sys.argv[2], "rb").read(), type=Inventory)
+planned = plan(config, inventory)
+t2 = time.perf_counter()
+nvdp.cdi.build_specs(config, inventory, planned, nvdp.cdi.host.discover_host(config, inventory,
+                     sysfs_root=sys.argv[3], proc_root=sys.argv[4]))
+t3 = time.perf_counter()
+print((t1 - t0) * 1000, (t3 - t2) * 1000)
+"""
+
+
+def _cdi_node(work: Path, inventory: Inventory) -> tuple[Path, Path]:
+    """A driver root and /proc for `inventory`: real nodes (mknod), ELF libraries, binaries, firmware."""
+    from scripts.cdi_golden import elf_stub  # the golden script's tiny ELF library
+
+    root, proc = work / "root", work / "proc"
+    lib = root / CDI_LIB_DIR
+    (lib / "vdpau").mkdir(parents=True)
+    version = inventory.driver_version
+    for name in CDI_LIBRARIES:
+        elf_stub(lib / f"{name}.so.{version}", f"{name}.so.1", work)
+        if name != "libnvidia-ml":  # the plugin would load this stub as its NVML: it takes the stand-in's
+            (lib / f"{name}.so.1").symlink_to(f"{name}.so.{version}")
+    elf_stub(lib / "vdpau" / f"libvdpau_nvidia.so.{version}", "libvdpau_nvidia.so.1", work)
+    for n in range(CDI_OTHER_FILES):
+        (lib / f"libother{n}.so.1").write_bytes(b"")
+    for binary in ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
+                   "nvidia-cuda-mps-server", "nvidia-ctk"):
+        (root / "usr/bin").mkdir(parents=True, exist_ok=True)
+        (root / "usr/bin" / binary).write_bytes(b"")
+        os.chmod(root / "usr/bin" / binary, 0o755)
+    (root / f"lib/firmware/nvidia/{version}").mkdir(parents=True)
+    (root / f"lib/firmware/nvidia/{version}/gsp_ga10x.bin").write_bytes(b"")
+    dev = root / "dev"
+    (dev / "nvidia-caps").mkdir(parents=True)
+    nodes = [("nvidiactl", 195, 255), ("nvidia-uvm", 235, 0), ("nvidia-uvm-tools", 235, 1),
+             ("nvidia-modeset", 195, 254)]
+    minors = []
+    for gpu in inventory.gpus:
+        nodes.append((f"nvidia{gpu.minor}", 195, gpu.minor))
+        for mig in gpu.mig_devices:
+            gi = 3 + 135 * gpu.minor + 9 * mig.gi_id
+            ci = gi + 1 + mig.ci_id
+            gi_key = f"gpu{gpu.minor}/gi{mig.gi_id}"
+            minors += [f"{gi_key}/access {gi}", f"{gi_key}/ci{mig.ci_id}/access {ci}"]
+            nodes += [(f"nvidia-caps/nvidia-cap{m}", CDI_CAPS_MAJOR, m) for m in (gi, ci)]
+    for name, major, minor in nodes:
+        os.mknod(dev / name, 0o20666, os.makedev(major, minor))
+    (proc / "driver/nvidia-caps").mkdir(parents=True)
+    (proc / "driver/nvidia-caps/mig-minors").write_text("\n".join(["config 1", "monitor 2", *minors]) + "\n")
+    (proc / "devices").write_text(f"Character devices:\n195 nvidia\n{CDI_CAPS_MAJOR} nvidia-caps\n")
+    return root, proc
+
+
+def bench_cdi(repeats: int, starts: int) -> list[Row]:
+    """CDI spec generation (driver files, nodes, specs) for 8 GPUs and for 8 GPUs with 56 MIG devices,
+    cold (a fresh interpreter: importing nvdp.cdi, then the first generation) and warm (median of
+    `repeats` in one process), against the plugin's spawn -> registered on the same profile."""
+    import msgspec
+
+    from nvdp.cdi import build_specs
+    from nvdp.cdi.host import discover_host
+    from nvdp.config.model import Config, Flags, PluginFlags
+    from nvdp.plan import plan as make_plan
+
+    rows = []
+    for profile, label in CDI_PROFILES:
+        inventory = NodeSim(profile, Path(tempfile.mkdtemp(prefix="nvdp-bench-state-"))).inventory
+        with tempfile.TemporaryDirectory(prefix="nvdp-bench-cdi-") as tmp:
+            work = Path(tmp)
+            root, proc = _cdi_node(work, inventory)
+            plugin_flags = PluginFlags(device_list_strategy=("cdi-cri",), container_driver_root=str(root))
+            config = Config(flags=Flags(mig_strategy="mixed", plugin=plugin_flags))
+            (work / "config.json").write_bytes(msgspec.json.encode(config))
+            (work / "inventory.json").write_bytes(msgspec.json.encode(inventory))
+            planned = make_plan(config, inventory)
+            warm_discover, warm_build = [], []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                facts = discover_host(config, inventory, sysfs_root=str(work / "sys"), proc_root=str(proc))
+                t1 = time.perf_counter()
+                specs = build_specs(config, inventory, planned, facts)
+                warm_discover.append((t1 - t0) * 1000)
+                warm_build.append((time.perf_counter() - t1) * 1000)
+            devices = len(specs.specs[0].devices)
+            cold_import, cold_generate = [], []
+            argv = [sys.executable, "-c", CDI_COLD, str(work / "config.json"), str(work / "inventory.json"),
+                    str(work / "sys"), str(proc)]
+            for _ in range(starts):
+                out = subprocess.run(argv, env=nvdp_env(work, None), capture_output=True, text=True,
+                                     check=True)
+                imported, generated = map(float, out.stdout.split())
+                cold_import.append(imported)
+                cold_generate.append(generated)
+            # The plugin itself, CDI off and (without MIG: it reads the machine's own /proc) cdi-cri on this
+            # root, starts interleaved so both see the same load.
+            cdi_env = {"DEVICE_LIST_STRATEGY": "cdi-cri", "DRIVER_ROOT_CTR_PATH": str(root),
+                       "NVDP_CDI_DIR": str(work / "cdi")}
+            with_cdi = not any(g.mig_devices for g in inventory.gpus)
+            spawn: dict[bool, list[float]] = {False: [], True: []}
+            for _ in range(starts):
+                for cdi_on in (False, True) if with_cdi else (False,):
+                    with plugin(profile, extra_env=cdi_env if cdi_on else None) as run:
+                        wait_until(lambda: bool(run.kubelet.registrations))
+                        registered = run.kubelet.registrations[0]["monotonic"]
+                        spawn[cdi_on].append((registered - run.started_at) * 1000)
+        cold = statistics.median(cold_import) + statistics.median(cold_generate)
+        start = statistics.median(spawn[False])
+        rows += [
+            Row(f"{label}: warm discovery + build ({devices} devices, median of {repeats})", "-",
+                f"{statistics.median(warm_discover):.1f} + {statistics.median(warm_build):.1f} ms", True),
+            Row(f"{label}: cold import + first generation (median of {starts})", "-",
+                f"{statistics.median(cold_import):.1f} + {statistics.median(cold_generate):.1f} ms", True),
+            Row(f"{label}: spawn -> registered, CDI off (median of {starts})", "-", f"{start:.0f} ms", True),
+            Row(f"{label}: cold CDI as a share of that start", "25 %", f"{cold / start * 100:.0f} %",
+                cold / start <= 0.25),
+        ]
+        if with_cdi:
+            on = statistics.median(spawn[True])
+            rows.append(Row(f"{label}: spawn -> registered, cdi-cri (writes the spec; median of {starts})",
+                            "-", f"{on:.0f} ms ({on - start:+.0f})", True))
+    return rows
+
+
 # --- side by side with NVIDIA's plugin --------------------------------------------------------------
 
 
@@ -508,6 +667,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="nvdp plain and with metrics and probes served: what they cost")
     parser.add_argument("--against-nvidia", action="store_true",
                         help="run NVIDIA's plugin v0.20.0 and nvdp alternately and compare (needs root)")
+    parser.add_argument("--cdi", action="store_true",
+                        help="CDI spec generation for 8 GPUs and 8 GPUs with 56 MIG devices (root: mknod)")
     parser.add_argument("--runs", type=int, default=5, help="interleaved rounds for --against-nvidia")
     parser.add_argument("--baseline", action="append", default=[], metavar="LABEL=DIR",
                         help="with --against-nvidia: also run nvdp from this src/ folder (e.g. an earlier "
@@ -527,7 +688,12 @@ def main(argv: list[str] | None = None) -> int:
             return against_nvidia(1 if args.quick else args.runs, calls, pref_calls, baselines)
         warm_bytecode()
         print(f"load average: {load_average()}")
-        if args.metrics:
+        if args.cdi:
+            if os.geteuid() != 0:
+                print("skipped --cdi: the fake driver root's device nodes need root (mknod)")
+                return 0
+            rows = bench_cdi(20 if args.quick else 200, 3 if args.quick else 7)
+        elif args.metrics:
             rows = bench_metrics(calls * 2, 50 if args.quick else 500)
         else:
             rows = [bench_start(1 if args.quick else 5)]

@@ -1,4 +1,5 @@
-"""`nvdp`: tools around the plugin (check a config, preview a node's resources, diagnose a node)."""
+"""`nvdp`: tools around the plugin (check a config, preview a node's resources, diagnose a node, print
+its CDI specs)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from nvdp import __version__
 
 def main(argv: Sequence[str] | None = None) -> int:
     # Imported here so `nvdp --version` works even if an optional piece fails to import.
+    from nvdp.cdi import cli as cdi_cli
     from nvdp.config import cli as config_cli
     from nvdp.doctor import cli as doctor_cli
     from nvdp.plan import cli as plan_cli
@@ -21,6 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config_cli.register(sub)
     plan_cli.register(sub)
     doctor_cli.register(sub)
+    cdi_cli.register(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))

@@ -29,6 +29,7 @@ RENDERS: dict[str, dict[str, Any]] = {
     "cpu-manager": {"compatWithCPUManager": True},
     "metrics": {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True}}},
     "per-node-config": {"config": {"map": {"mps": MPS_CONFIG, "plain": "version: v1\n"}, "default": "plain"}},
+    "cdi": {"deviceListStrategy": "cdi-cri", "nvidiaDriverRoot": "/", "cdi": {"featureFlags": ["x"]}},
 }
 
 # Findings accepted on purpose: check ID -> components it is accepted for. The reasons are in the

@@ -25,6 +25,8 @@ observe = pytest.importorskip("nvdp.plugin.observe")
 PROCESS_ENV = {observe.METRICS_ADDRESS_ENV, observe.HEALTH_ADDRESS_ENV}
 # Read by the per-node config settings (nvdp.nodeconfig.settings_from), which choose the entry.
 NODE_CONFIG_ENV = {"CONFIG_DIR", "DEFAULT_CONFIG", "FALLBACK_STRATEGIES"}
+# Read by the CDI hook check (nvdp.cdi.host): where the chart mounted the hook's host directory.
+HOOK_CHECK_ENV = {"NVDP_HOST_HOOK_DIR"}
 
 MPS_CONFIG = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
 EVERYTHING_SET: dict[str, Any] = {
@@ -41,7 +43,7 @@ EVERYTHING_SET: dict[str, Any] = {
     "deviceDiscoveryStrategy": "nvml",
     "sharedDevicesAllocationPolicy": "packed",
     "disableHealthChecks": "48,109",
-    "cdi": {"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook"},
+    "cdi": {"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook", "featureFlags": ["disable-ipc-discoverer"]},
     "devicePlugin": {"kubeletRootDir": "/var/lib/k0s/kubelet"},
     "config": {"map": {"config": MPS_CONFIG}},
 }
@@ -58,10 +60,11 @@ def main_containers(rendered: Rendered) -> list[Manifest]:
 
 def test_every_env_var_is_read_by_the_config_loader(rendered: Rendered) -> None:
     names = {name for c in main_containers(rendered) for name in env(c)}
-    unknown = names - set(loader.ENV_VARS) - RUNTIME_ENV - PROCESS_ENV - NODE_CONFIG_ENV
+    unknown = names - set(loader.ENV_VARS) - RUNTIME_ENV - PROCESS_ENV - NODE_CONFIG_ENV - HOOK_CHECK_ENV
     assert not unknown, f"the chart sets env vars the plugin does not read: {sorted(unknown)}"
     # Every value is set here, so this is every env var the chart can emit.
     assert names - RUNTIME_ENV - PROCESS_ENV == {
+        "CDI_FEATURE_FLAGS",
         "CONFIG_DIR",
         "DEVICE_DISCOVERY_STRATEGY",
         "DEVICE_ID_STRATEGY",
@@ -75,6 +78,7 @@ def test_every_env_var_is_read_by_the_config_loader(rendered: Rendered) -> None:
         "MIG_STRATEGY",
         "MOFED_ENABLED",
         "MPS_ROOT",
+        "NVDP_HOST_HOOK_DIR",
         "NVIDIA_CDI_HOOK_PATH",
         "NVIDIA_DEV_ROOT",
         "NVIDIA_DRIVER_ROOT",

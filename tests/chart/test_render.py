@@ -43,7 +43,11 @@ MATRIX: dict[str, dict[str, Any]] = {
     "volume-mounts-string": {"deviceListStrategy": "envvar,volume-mounts"},
     "cdi-cri": {
         "deviceListStrategy": ["cdi-cri"],
-        "cdi": {"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook"},
+        "cdi": {"nvidiaHookPath": "/usr/local/bin/nvidia-cdi-hook", "featureFlags": "disable-ipc-discoverer"},
+    },
+    "cdi-from-an-inline-entry": {
+        "nvidiaDriverRoot": "/",
+        "config": {"map": {"cdi": {"flags": {"plugin": {"deviceListStrategy": "cdi-annotations"}}}}},
     },
     "all-bools-false": {
         "failOnInitError": False,

@@ -137,6 +137,54 @@ def test_health_check_env_vars() -> None:
     assert caught.value.issues[0].path == "flags.plugin.disableHealthChecks[1]"
 
 
+def test_cdi_env_vars_as_nvidia_names_them() -> None:
+    """NVIDIA's values set CDI_FEATURE_FLAGS and CDI_DISABLE_HOOKS; both are comma lists."""
+    env = {"CDI_FEATURE_FLAGS": "no-additional-gids-for-device-nodes, a-future-flag",
+           "CDI_DISABLE_HOOKS": "all"}
+    plugin = load_config_text(None, env=env).flags.plugin
+    # Feature flags are free text: NVIDIA passes unknown ones through to the toolkit.
+    assert plugin.cdi_feature_flags == ("no-additional-gids-for-device-nodes", "a-future-flag")
+    assert plugin.cdi_disable_hooks == ("all",)
+    assert load_config_text(None, env={}).flags.plugin.cdi_disable_hooks == ()
+
+
+def test_cdi_settings_in_the_file_and_their_precedence() -> None:
+    text = b"""\
+version: v1
+flags:
+  plugin:
+    cdiFeatureFlags: [disable-ipc-discoverer]
+    cdiDisableHooks: [enable-cuda-compat, update-application-profile]
+"""
+    plugin = load_config_text(text, "c.yaml", env={}).flags.plugin
+    assert plugin.cdi_feature_flags == ("disable-ipc-discoverer",)
+    assert plugin.cdi_disable_hooks == ("enable-cuda-compat", "update-application-profile")
+    env = {"CDI_DISABLE_HOOKS": "update-ldcache"}
+    overrides = parse_flags("--cdi-disable-hooks=all")
+    plugin = load_config_text(text, "c.yaml", env=env, overrides=overrides).flags.plugin
+    assert plugin.cdi_disable_hooks == ("all",)
+    assert load_config_text(text, "c.yaml", env=env).flags.plugin.cdi_disable_hooks == ("update-ldcache",)
+
+
+@pytest.mark.parametrize(
+    ("env", "path", "message"),
+    [
+        ({"CDI_DISABLE_HOOKS": "update-ldcache,create-symlink"}, "flags.plugin.cdiDisableHooks[1]",
+         "is not an allowed value"),
+        ({"CDI_DISABLE_HOOKS": "all,all"}, "flags.plugin.cdiDisableHooks", "lists the same item twice"),
+    ],
+)
+def test_bad_cdi_hook_names_name_the_variable_and_the_hooks(env: dict[str, str], path: str,
+                                                           message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(None, env=env)
+    (issue,) = caught.value.issues
+    assert (issue.source, issue.path) == ("CDI_DISABLE_HOOKS", path)
+    assert message in issue.message
+    if "allowed" in message:
+        assert issue.fix is not None and "create-symlinks" in issue.fix and "all" in issue.fix
+
+
 def test_kubelet_paths_env() -> None:
     plugin = load_config_text(None, env={"DEVICE_PLUGIN_PATH": "/var/lib/k0s/device-plugins/"}).flags.plugin
     assert plugin.kubelet_socket_path == "/var/lib/k0s/device-plugins/kubelet.sock"
@@ -197,9 +245,11 @@ def test_every_flag_parses() -> None:
         "--imex-required=false",
         "--device-plugin-path=/p",
         "--kubelet-socket=/p/k.sock",
+        "--cdi-feature-flags=disable-ipc-discoverer",
+        "--cdi-disable-hooks=update-ldcache,create-symlinks",
     ]
     overrides = parse_flags(*argv)
-    assert len(overrides) == 20
+    assert len(overrides) == 22
     config = load_config_text(None, env={}, overrides=overrides)
     plugin = config.flags.plugin
     assert plugin.device_list_strategy == ("envvar", "cdi-annotations")
@@ -211,6 +261,8 @@ def test_every_flag_parses() -> None:
     )
     assert config.imex.channel_ids == (0,)
     assert plugin.kubelet_socket_path == "/p/k.sock"
+    assert plugin.cdi_feature_flags == ("disable-ipc-discoverer",)
+    assert plugin.cdi_disable_hooks == ("update-ldcache", "create-symlinks")
 
 
 def test_bad_flag_values_name_the_flag() -> None:

@@ -146,6 +146,14 @@ class Cluster:
     def kubelet_log_since(self, mark: str) -> str:
         raise NotImplementedError
 
+    def runtime_log_mark(self) -> str | None:
+        """Where the container runtime's debug log is now; None where this backend cannot read one."""
+        return None
+
+    def runtime_log_since(self, mark: str) -> str:
+        """What the runtime logged after `mark` (e.g. containerd's "CDI devices from ..." lines)."""
+        raise NotImplementedError
+
     # --- shared
     def _run(
         self, argv: Sequence[str], check: bool, timeout: float, stdin: str | None = None
@@ -311,6 +319,14 @@ class KitCluster(Cluster):
 
     def kubelet_log_since(self, mark: str) -> str:
         with open(self.k8s_dir / "logs" / "kubelet.log", "rb") as log:
+            log.seek(int(mark))
+            return log.read().decode(errors="replace")
+
+    def runtime_log_mark(self) -> str | None:
+        return str((self.k8s_dir / "logs" / "containerd.log").stat().st_size)
+
+    def runtime_log_since(self, mark: str) -> str:
+        with open(self.k8s_dir / "logs" / "containerd.log", "rb") as log:
             log.seek(int(mark))
             return log.read().decode(errors="replace")
 

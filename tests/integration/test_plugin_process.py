@@ -15,6 +15,7 @@ from nvdp.plan import plan
 from nvdp.plugin.allocate import CONTROL_DEVICE_PATHS
 from sim.kubelet import KubeletSim
 
+from .cdi_node import make_cdi_node
 from .conftest import MakeBarePlugin, MakePlugin, PluginProcess
 
 pytestmark = pytest.mark.slow
@@ -149,9 +150,11 @@ def cdi_cri_ok(response: dict[str, Any], uuid: str) -> bool:
         ("cdi-cri", "cdi_devices", cdi_cri_ok),
     ],
 )
-def test_allocate_strategies(make_plugin: MakePlugin, kubelet: KubeletSim, strategy: str, key: str,
-                             check: Callable[[dict[str, Any], str], bool]) -> None:
+def test_allocate_strategies(make_plugin: MakePlugin, kubelet: KubeletSim, tmp_path: Path, strategy: str,
+                             key: str, check: Callable[[dict[str, Any], str], bool]) -> None:
     plugin, node = make_plugin("t4", DEVICE_LIST_STRATEGY=strategy)
+    if strategy.startswith("cdi-"):  # the plugin writes the CDI spec from the driver's files first
+        plugin.env.update(make_cdi_node(tmp_path / "cdi-node", node.inventory).env)
     plugin.start()
     uuid = node.inventory.gpus[0].uuid
     kubelet.wait_for_resource("nvidia.com/gpu", count=1, timeout=10)

@@ -61,6 +61,7 @@ class FakeServer:
         self.stops = 0
         self.registrations = 0
         self.updates: list[PlannedResource] = []
+        self.cdi_classes: list[frozenset[str]] = []  # every set it was given, in order
 
     def start(self) -> None:
         if self.resource.name in self.book.fail_start:
@@ -79,6 +80,9 @@ class FakeServer:
     def update(self, resource: PlannedResource) -> None:
         self.resource = resource
         self.updates.append(resource)
+
+    def set_cdi_classes(self, classes: frozenset[str]) -> None:
+        self.cdi_classes.append(classes)
 
     def wait_delivered(self, timeout: float) -> None:
         pass  # no stream to wait for
@@ -179,6 +183,28 @@ def test_settings_change_restarts_servers(tmp_path: Path, book: Book) -> None:
     assert first.stopped
     assert eventually(lambda: "nvidia.com/gpu" in book.live())
     assert book.live()["nvidia.com/gpu"].config is config
+    m.stop()
+
+
+def test_cdi_classes_reach_running_and_new_servers_in_place(tmp_path: Path, book: Book) -> None:
+    """A re-plan that writes another set of CDI specs (an IMEX channel appeared) updates every running
+    server's Allocate names without a restart; resources made later start with the set."""
+    (tmp_path / "kubelet.sock").write_text("")
+    m = PluginManager(make_config(tmp_path), inventory(gpu(0), gpu(1)), LOG, recorder=Recorder(),
+                      server_factory=book.factory, gate_factory=no_gate, retry_interval_s=0.01,
+                      cdi_classes=frozenset({"gpu"}))
+    m.apply(Plan(resources=(GPU,)))
+    assert eventually(lambda: m.registered == {"nvidia.com/gpu"})
+    first = book.live()["nvidia.com/gpu"]
+    assert first.cdi_classes == [frozenset({"gpu"})]
+    with_imex = frozenset({"gpu", "imex-channel"})
+    diff = m.apply(Plan(resources=(GPU, SHARED)), cdi_classes=with_imex)
+    assert diff.unchanged == ("nvidia.com/gpu",) and not diff.restarted
+    assert first.cdi_classes == [frozenset({"gpu"}), with_imex] and not first.stopped
+    assert book.live()["nvidia.com/gpu.shared"].cdi_classes == [with_imex]
+    m.apply(Plan(resources=(GPU, SHARED)))  # no set given: as before, nothing pushed again
+    m.apply(Plan(resources=(GPU, SHARED)), cdi_classes=with_imex)  # the same set: nothing pushed
+    assert first.cdi_classes == [frozenset({"gpu"}), with_imex]
     m.stop()
 
 

@@ -49,6 +49,7 @@ def test_control_nodes_are_looked_up_at_their_own_path_as_nvidia_does() -> None:
         dev_paths_present=present_control_paths(container_fs.__contains__).__contains__,
         mig_cap_minors=None,
         cdi_uuid=lambda: "0",
+        cdi_classes=frozenset(),
     )
     # NVIDIA v0.20.0's list for this view (source facts above).
     assert result.devices == (
@@ -80,6 +81,7 @@ def test_the_server_looks_for_control_nodes_in_its_own_dev_not_under_the_driver_
         inventory,
         logger=logging.getLogger("test.specs"),
         cdi_uuid=lambda: "0",
+        cdi_classes=frozenset(),
     )
     server.start()
     try:

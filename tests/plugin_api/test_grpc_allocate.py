@@ -36,6 +36,7 @@ def run(
     config: Config,
     present: frozenset[str] = frozenset(),
     mig_minors: dict[str, int] | None = None,
+    cdi_classes: frozenset[str] = frozenset({"gpu"}),
 ) -> ContainerAllocation:
     return allocate_container(
         resource,
@@ -44,6 +45,7 @@ def run(
         dev_paths_present=present.__contains__,
         mig_cap_minors=mig_minors,
         cdi_uuid=lambda: "0b5d",
+        cdi_classes=cdi_classes,
     )
 
 
@@ -99,6 +101,9 @@ def test_cdi_annotation_prefix_is_configurable() -> None:
     }
 
 
+ALL_CLASSES = frozenset({"gpu", "imex-channel", "gdrcopy", "gds", "mofed"})
+
+
 def test_cdi_cri_lists_devices_with_extras_and_imex_channels() -> None:
     config = replace(
         config_with(
@@ -106,7 +111,7 @@ def test_cdi_cri_lists_devices_with_extras_and_imex_channels() -> None:
         ),
         imex=Imex(channel_ids=(0,)),
     )
-    result = run(GPUS, [G1], config)
+    result = run(GPUS, [G1], config, cdi_classes=ALL_CLASSES)
     assert result.cdi_devices == (
         f"k8s.device-plugin.nvidia.com/gpu={G1}",
         "k8s.device-plugin.nvidia.com/imex-channel=0",
@@ -118,6 +123,31 @@ def test_cdi_cri_lists_devices_with_extras_and_imex_channels() -> None:
     assert result.envs == {"NVIDIA_GDRCOPY": "enabled", "NVIDIA_GDS": "enabled", "NVIDIA_MOFED": "enabled"}
     assert result.annotations == {}
     assert result.mounts == () and result.devices == ()
+
+
+@pytest.mark.parametrize(
+    ("classes", "extras"),
+    [
+        (frozenset({"gpu"}), []),
+        (frozenset({"gpu", "gds"}), ["gds=all"]),
+        (frozenset({"gpu", "imex-channel", "mofed"}), ["imex-channel=0", "mofed=all"]),
+    ],
+)
+def test_cdi_names_only_the_optional_classes_whose_spec_was_written(classes: frozenset[str],
+                                                                     extras: list[str]) -> None:
+    """GDS enabled but its files missing on the node: no gds spec, so no gds name (it would not resolve),
+    while NVIDIA_GDS=enabled is still set as NVIDIA sets it."""
+    config = replace(
+        config_with(device_list_strategy=("cdi-cri", "cdi-annotations"), gds_enabled=True, mofed_enabled=True,
+                    gdrcopy_enabled=True),
+        imex=Imex(channel_ids=(0,)),
+    )
+    result = run(GPUS, [G0], config, cdi_classes=classes)
+    expected = [f"gpu={G0}", *extras]
+    expected = [f"k8s.device-plugin.nvidia.com/{name}" for name in expected]
+    assert list(result.cdi_devices) == expected
+    assert list(result.annotations.values()) == [",".join(expected)]
+    assert result.envs == {"NVIDIA_GDRCOPY": "enabled", "NVIDIA_GDS": "enabled", "NVIDIA_MOFED": "enabled"}
 
 
 def test_cdi_with_envvar_sends_both() -> None:

@@ -14,7 +14,7 @@ import pytest
 from grpc_factories import config_with, make_inventory, replicated_resource, whole_gpu_resource
 from msgspec.structs import replace
 
-from nvdp.config.model import Config
+from nvdp.config.model import Config, Imex
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
 from nvdp.plugin.api import deviceplugin_pb2 as pb
@@ -301,6 +301,34 @@ def test_cdi_annotation_keys_are_new_for_every_allocate(short_tmp: Path, kubelet
             ["cdi.k8s.io/nvidia-device-plugin_key-0"],
             ["cdi.k8s.io/nvidia-device-plugin_key-1"],
         ]
+    finally:
+        server.stop()
+
+
+def test_allocate_names_the_cdi_classes_set_since(short_tmp: Path, kubelet: KubeletSim) -> None:
+    """A re-plan that writes the IMEX channel spec reaches the running server: the cached answer
+    without the channel is not served again, and one that loses the spec drops the name."""
+    inventory = make_inventory(1)
+    resource = whole_gpu_resource(inventory)
+    config = replace(config_with(device_plugin_path=str(short_tmp), device_list_strategy=("cdi-cri",)),
+                     imex=Imex(channel_ids=(0,)))
+    server = ResourceServer(resource, config, inventory, cdi_classes=frozenset({"gpu"}))
+    server.start()
+    uuid = resource.devices[0].id
+    gpu, channel = f"k8s.device-plugin.nvidia.com/gpu={uuid}", "k8s.device-plugin.nvidia.com/imex-channel=0"
+
+    def names() -> list[str]:
+        response = kubelet.allocate(GPU, [[uuid]])["container_responses"][0]
+        return [d["name"] for d in response["cdi_devices"]]
+
+    try:
+        server.register(str(kubelet.socket_path))
+        kubelet.wait_for_resource(GPU, count=1)
+        assert names() == [gpu]
+        server.set_cdi_classes(frozenset({"gpu", "imex-channel"}))
+        assert names() == [gpu, channel]
+        server.set_cdi_classes(frozenset({"gpu"}))
+        assert names() == [gpu]
     finally:
         server.stop()
 

@@ -91,6 +91,7 @@ def test_a_channel_missing_on_the_node_is_never_handed_out(
         dev_paths_present=lambda _path: False,
         mig_cap_minors=None,
         cdi_uuid=lambda: "0",
+        cdi_classes=frozenset(),
     )
     assert "NVIDIA_IMEX_CHANNELS" not in result.envs
     assert not any("imex" in m.container_path for m in result.mounts)

@@ -221,6 +221,81 @@ true
 {{- end -}}
 
 {{/*
+"true" when the plugin may generate CDI specs (a cdi-annotations or cdi-cri strategy): decided by the
+deviceListStrategy value when set (its env var overrides the config file), otherwise by the inline
+entries; an external ConfigMap (config.name) cannot be read, so it counts as "maybe".
+*/}}
+{{- define "nvidia-device-plugin.cdiPossible" -}}
+{{- $cdi := list "cdi-annotations" "cdi-cri" -}}
+{{- if or (kindIs "string" .Values.deviceListStrategy) (kindIs "slice" .Values.deviceListStrategy) -}}
+{{- range (include "nvidia-device-plugin.strategyList" .Values.deviceListStrategy | fromJsonArray) -}}
+{{- if has (trim .) $cdi -}}true{{- end -}}
+{{- end -}}
+{{- else if .Values.config.name -}}
+true
+{{- else -}}
+{{- range $entry := (include "nvidia-device-plugin.parsedConfigs" . | fromJson).entries -}}
+{{- $flags := get $entry "flags" -}}
+{{- if kindIs "map" $flags -}}
+{{- $plugin := get $flags "plugin" -}}
+{{- if kindIs "map" $plugin -}}
+{{- range (include "nvidia-device-plugin.strategyList" (get $plugin "deviceListStrategy") | fromJsonArray) -}}
+{{- if has (trim .) $cdi -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The host path of the CDI hook as the plugin will resolve it: cdi.nvidiaHookPath when set (its env var
+overrides the config file), else the inline entries' flags.plugin.nvidiaCTKPath (NVIDIA's default
+/usr/bin/nvidia-ctk for an entry without one); empty when the entries disagree, so nothing is mounted
+and the plugin looks for the hook as it does without the chart.
+*/}}
+{{- define "nvidia-device-plugin.cdiHookPath" -}}
+{{- $default := "/usr/bin/nvidia-ctk" -}}
+{{- if typeIs "string" .Values.cdi.nvidiaHookPath -}}
+{{- .Values.cdi.nvidiaHookPath -}}
+{{- else -}}
+{{- $paths := list -}}
+{{- range $entry := (include "nvidia-device-plugin.parsedConfigs" . | fromJson).entries -}}
+{{- $path := $default -}}
+{{- $flags := get $entry "flags" -}}
+{{- if kindIs "map" $flags -}}
+{{- $plugin := get $flags "plugin" -}}
+{{- if and (kindIs "map" $plugin) (hasKey $plugin "nvidiaCTKPath") -}}
+{{- if kindIs "string" (get $plugin "nvidiaCTKPath") -}}
+{{- $path = get $plugin "nvidiaCTKPath" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $paths = append $paths $path | uniq -}}
+{{- end -}}
+{{- if not $paths -}}
+{{- $default -}}
+{{- else if eq (len $paths) 1 -}}
+{{- first $paths -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The host directory of the CDI hook to mount read-only at /host-cdi-hook (NVDP_HOST_HOOK_DIR), where the
+plugin checks at start that the hook exists on the host; empty when none is mounted (no CDI strategy,
+or a hook path that is not absolute or cannot be told).
+*/}}
+{{- define "nvidia-device-plugin.cdiHookDir" -}}
+{{- if include "nvidia-device-plugin.cdiPossible" . -}}
+{{- $path := include "nvidia-device-plugin.cdiHookPath" . -}}
+{{- if and (hasPrefix "/" $path) (ne (dir $path) "/") -}}
+{{- dir $path -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 The plugin container's security context: the user's if given; privileged for compatWithCPUManager
 (needs every device node); SYS_ADMIN for MIG monitoring or volume-mounts; otherwise nothing extra.
 */}}

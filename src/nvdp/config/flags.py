@@ -42,7 +42,11 @@ _HELP = {
     "(env DEVICE_LIST_STRATEGY)",
     "--device-id-strategy": "uuid or index (env DEVICE_ID_STRATEGY)",
     "--cdi-annotation-prefix": "prefix of CDI annotations (env CDI_ANNOTATION_PREFIX)",
-    "--nvidia-cdi-hook-path": "nvidia-ctk path written into CDI specs (env NVIDIA_CDI_HOOK_PATH)",
+    "--nvidia-cdi-hook-path": "host path of nvidia-ctk or nvidia-cdi-hook, written into CDI specs "
+    "(env NVIDIA_CDI_HOOK_PATH)",
+    "--cdi-feature-flags": "comma list of CDI feature flags: no-additional-gids-for-device-nodes, "
+    "disable-ipc-discoverer, enable-explicit-driver-libraries (env CDI_FEATURE_FLAGS)",
+    "--cdi-disable-hooks": "comma list of CDI hooks to leave out, or all (env CDI_DISABLE_HOOKS)",
     "--driver-root-ctr-path": "driver root inside this container (env DRIVER_ROOT_CTR_PATH)",
     "--shared-devices-allocation-policy": "distributed or packed (env SHARED_DEVICES_ALLOCATION_POLICY)",
     "--device-plugin-path": "kubelet device-plugin directory (env DEVICE_PLUGIN_PATH)",

@@ -17,6 +17,14 @@ DeviceIdStrategy = Literal["uuid", "index"]
 AllocationPolicy = Literal["distributed", "packed"]
 DiscoveryStrategy = Literal["auto", "nvml", "tegra"]
 SharingStrategy = Literal["none", "time-slicing", "mps"]
+CdiHookName = Literal[
+    "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification",
+    "update-application-profile", "chmod", "all",
+]
+# The CDI feature flags NVIDIA's plugin acts on; others are passed through (and ignored) as NVIDIA does.
+KNOWN_CDI_FEATURE_FLAGS = (
+    "no-additional-gids-for-device-nodes", "disable-ipc-discoverer", "enable-explicit-driver-libraries",
+)
 
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 RESOURCE_PREFIX = "nvidia.com/"
@@ -30,6 +38,9 @@ class PluginFlags(Struct, frozen=True):
     device_id_strategy: DeviceIdStrategy = "uuid"
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     nvidia_ctk_path: str = "/usr/bin/nvidia-ctk"
+    # NVIDIA's flags without a config key there (--cdi-feature-flags, --cdi-disable-hooks); ours too.
+    cdi_feature_flags: tuple[str, ...] = ()
+    cdi_disable_hooks: tuple[CdiHookName, ...] = ()
     container_driver_root: str = "/driver-root"
     shared_devices_allocation_policy: AllocationPolicy = "distributed"
     # Ours: kubelet root dirs differ (k3s, microk8s), so both paths are settings.

@@ -8,7 +8,7 @@ not scheduled on the node, the MPS label, a `/dev/shm` not shared with the MPS d
 without SYS_ADMIN. A check whose input failed earlier is SKIPped with that reason. Every check runs
 within a time limit (`bounded.py`) and whatever it raises is its FAIL line: an NVML whose init never
 returns, an API server answering HTML or refusing the connection end up in the report, not a hang or a
-traceback. The kubelet and MPS checks live in `kubelet_check.py` and `mps_check.py`.
+traceback. The kubelet, MPS and CDI checks live in `kubelet_check.py`, `mps_check.py` and `cdi_check.py`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from nvdp.config.model import Config
 from nvdp.doctor.api import LabelRead
 from nvdp.doctor.bounded import TimedOut, checked, checked_all, within
+from nvdp.doctor.cdi_check import CdiChecks
 from nvdp.doctor.kubelet_check import KubeletChecks
 from nvdp.doctor.mps_check import MpsChecks
 from nvdp.doctor.report import Finding, failed, passed, skipped
@@ -57,7 +58,7 @@ def _pci_bus(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}" if rest else bus_id.lower()
 
 
-class Doctor(KubeletChecks, MpsChecks):
+class Doctor(KubeletChecks, MpsChecks, CdiChecks):
     def __init__(
         self,
         where: Where,
@@ -94,6 +95,7 @@ class Doctor(KubeletChecks, MpsChecks):
             checked("registration", "the plugin serves and is registered", self.registration, limit),
             checked("config", "the config validates", self.config_check, limit),
         ]
+        findings += checked_all("cdi", "the CDI specs and hook", self.cdi, limit)  # CDI strategies only
         findings += checked_all("mps", "the MPS control daemon answers", self.mps, 2 * limit)
         findings.append(checked("mig", "MIG monitoring permissions", self.mig, limit))
         return findings

@@ -33,7 +33,7 @@ def register(sub: Any) -> None:
 
     parser = sub.add_parser(
         "doctor",
-        help="check this node or plugin pod: NVML, driver, GPUs, runtime, kubelet, config, MPS, MIG",
+        help="check this node or plugin pod: NVML, driver, GPUs, runtime, kubelet, config, CDI, MPS, MIG",
         description="Check, in order, what the plugin needs on this node and print PASS or FAIL with the "
         "fix for each. Run it in the plugin pod (`kubectl exec <plugin pod> -- nvdp doctor`) or on the "
         "node. Exit 0 when nothing failed, 1 otherwise.",

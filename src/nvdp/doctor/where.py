@@ -23,6 +23,8 @@ class Where(Struct):
     proc: Path = Path("/proc")
     etc: Path = Path("/etc")
     shm: Path = Path("/dev/shm")
+    # The CDI spec directories a container runtime reads, lowest priority first (nvdp.cdi.write.SPEC_DIRS).
+    cdi_dirs: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
     node_name: str = ""
     # Node labels from the API when it can be reached, else why not.
     node_labels: Callable[[], LabelRead] = field(default=lambda: NOT_CONFIGURED)

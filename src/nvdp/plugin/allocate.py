@@ -16,12 +16,20 @@ user cannot act on; the allocation lists them in `unhealthy` so the server can l
 from __future__ import annotations
 
 import posixpath
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from msgspec import Struct, field
 
 from nvdp.config.model import Config
+
+# The node names and the MIG capability table live below the plugin, shared with the CDI spec; the
+# names stay importable from here.
+from nvdp.inventory.devnodes import CONTROL_DEVICE_PATHS as CONTROL_DEVICE_PATHS
+from nvdp.inventory.devnodes import IMEX_CHANNEL_DEV_DIR as IMEX_CHANNEL_DEV_DIR
+from nvdp.inventory.devnodes import MIG_CAP_DEV_DIR as MIG_CAP_DEV_DIR
+from nvdp.inventory.devnodes import MIG_MINORS_FILE as MIG_MINORS_FILE
+from nvdp.inventory.devnodes import mig_cap_keys as mig_cap_keys
+from nvdp.inventory.devnodes import parse_mig_minors as parse_mig_minors
 from nvdp.plan.ids import device_container_ids
 from nvdp.plan.model import REPLICA_SEPARATOR, PlannedDevice, PlannedResource
 from nvdp.text import short_list
@@ -34,11 +42,6 @@ IMEX_CHANNELS_ENV = "NVIDIA_IMEX_CHANNELS"
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 # The directory nvidia-container-runtime scans for volume-mounts device lists.
 VOLUME_MOUNTS_DIR = "/var/run/nvidia-container-devices"
-# The control nodes every NVML-managed container may get, in NVIDIA's order; each is optional.
-CONTROL_DEVICE_PATHS = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
-IMEX_CHANNEL_DEV_DIR = "/dev/nvidia-caps-imex-channels"
-MIG_CAP_DEV_DIR = "/dev/nvidia-caps"
-MIG_MINORS_FILE = "/proc/driver/nvidia-caps/mig-minors"
 DEVICE_PERMISSIONS = "rw"
 # How many advertised devices a refusal lists before summarising the rest.
 _ADVERTISED_SHOWN = 4
@@ -87,35 +90,6 @@ def present_control_paths(exists: Callable[[str], bool]) -> frozenset[str]:
     Only the host path is put under the dev root (`flags.nvidiaDevRoot`).
     """
     return frozenset(p for p in CONTROL_DEVICE_PATHS if exists(p))
-
-
-# --- /proc/driver/nvidia-caps/mig-minors -----------------------------------------------------------
-
-_MIG_MINOR_LINE = re.compile(r"^(?P<cap>\S+)\s+(?P<minor>\d+)$")
-
-
-def parse_mig_minors(text: str) -> dict[str, int]:
-    """Parse the kernel's MIG capability table: lines like `gpu0/gi1/access 12`, `gpu0/gi1/ci0/access 13`.
-
-    Keys are the capability names as written (`config`, `monitor`, `gpu<minor>/gi<g>/access`,
-    `gpu<minor>/gi<g>/ci<c>/access`); values are the minors of /dev/nvidia-caps/nvidia-cap<minor>.
-    """
-    minors: dict[str, int] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line:
-            continue
-        match = _MIG_MINOR_LINE.match(line)
-        if match is None:
-            raise ValueError(f"{MIG_MINORS_FILE} line {number}: expected '<capability> <minor>', got {raw!r}")
-        minors[match["cap"]] = int(match["minor"])
-    return minors
-
-
-def mig_cap_keys(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[str, str]:
-    """The mig-minors entries one MIG device needs: its GPU instance and its compute instance."""
-    gi = f"gpu{gpu_minor}/gi{gi_id}/access"
-    return gi, f"gpu{gpu_minor}/gi{gi_id}/ci{ci_id}/access"
 
 
 # --- validation -------------------------------------------------------------------------------------
@@ -202,13 +176,19 @@ def _unique(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def _cdi_names(ids: Sequence[str], config: Config) -> list[str]:
+def _cdi_names(ids: Sequence[str], config: Config, classes: Collection[str]) -> list[str]:
+    """The CDI names for `ids`, in NVIDIA's order; the optional classes only when their spec exists.
+
+    The `gpu` spec always exists while a CDI strategy serves (the plugin writes it before it
+    registers); the IMEX channel, GDRCopy, GDS and MOFED specs only when their files were found.
+    """
     names = [f"{CDI_VENDOR}/gpu={i}" for i in ids]
-    names += [f"{CDI_VENDOR}/imex-channel={ch}" for ch in config.imex.channel_ids]
+    if "imex-channel" in classes:
+        names += [f"{CDI_VENDOR}/imex-channel={ch}" for ch in config.imex.channel_ids]
     flags = config.flags
     extras = ((flags.gdrcopy_enabled, "gdrcopy"), (flags.gds_enabled, "gds"), (flags.mofed_enabled, "mofed"))
     for enabled, kind in extras:
-        if enabled:
+        if enabled and kind in classes:
             names.append(f"{CDI_VENDOR}/{kind}=all")
     return names
 
@@ -267,13 +247,16 @@ def allocate_container(
     dev_paths_present: Callable[[str], bool],
     mig_cap_minors: Mapping[str, int] | None,
     cdi_uuid: Callable[[], str],
+    cdi_classes: Collection[str],
 ) -> ContainerAllocation:
     """The response for one container asking for `device_ids` of `resource`.
 
     `dev_paths_present(path)` says whether an optional control node (`/dev/nvidia-uvm`, ...) exists
     (`present_control_paths`);
     `mig_cap_minors` is `parse_mig_minors` of the node's table (None when it could not be read);
-    `cdi_uuid()` makes the unique part of the CDI annotation key.
+    `cdi_uuid()` makes the unique part of the CDI annotation key;
+    `cdi_classes` are the CDI classes whose specs the plugin wrote (`SpecSet.classes()`): an optional
+    class (imex-channel, gdrcopy, gds, mofed) is named only when it is among them.
     """
     devices = resolve_devices(resource, device_ids)
     plugin = config.flags.plugin
@@ -287,7 +270,7 @@ def allocate_container(
     cdi_devices: list[str] = []
 
     if strategies & {"cdi-annotations", "cdi-cri"}:
-        names = _cdi_names(ids, config)
+        names = _cdi_names(ids, config, cdi_classes)
         if "cdi-annotations" in strategies:
             annotations[_annotation_key(plugin.cdi_annotation_prefix, cdi_uuid())] = ",".join(names)
         if "cdi-cri" in strategies:

@@ -1,8 +1,8 @@
 """`nvidia-device-plugin`: advertise a node's NVIDIA GPUs to the kubelet.
 
 Exit status: 0 after SIGTERM/SIGINT/SIGQUIT; 1 when the plugin cannot start (invalid config, NVML
-missing with failOnInitError, a config that cannot be applied to this node's GPUs), with the cause
-and the fix in the log; 2 for command-line usage errors.
+missing with failOnInitError, a config that cannot be applied to this node's GPUs, CDI specs that
+cannot be made or written), with the cause and the fix in the log; 2 for command-line usage errors.
 
 SIGHUP, and with --config-dir a change of this node's entry (nvdp.nodechoice), reloads the config,
 re-reads the GPUs and re-plans: unchanged resources keep their servers, an invalid config is reported
@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from nvdp import __version__
+from nvdp.plugin.cdi_specs import CdiSpecs, classes, spec_dir
 from nvdp.plugin.heap import settle_heap
 from nvdp.plugin.logs import log_inventory, log_plan, setup_logging
 from nvdp.plugin.prepare import NvmlMissing, Prepared, StartupError, load_config, prepare
@@ -75,6 +76,7 @@ class PluginProcess:
         self.recorder = Recorder()
         self.source = ""  # where the config in force came from
         self._why = "Received SIGHUP"
+        self.specs = CdiSpecs(spec_dir(env), log)
 
     # --- putting a config in force (the `switch` of nvdp.nodechoice) ----------------------------
 
@@ -91,10 +93,9 @@ class PluginProcess:
         from nvdp.nodechoice import ConfigRefused
 
         try:
-            prepared = self.prepare(chosen)
+            self.serve(self.prepare(chosen))
         except StartupError as err:
             raise ConfigRefused(str(err)) from None
-        self.serve(prepared)
 
     def reload(self, chosen: Chosen | None) -> None:
         """Re-plan from a fresh config and GPU list; on any error raise ConfigRefused, serving as before."""
@@ -105,6 +106,7 @@ class PluginProcess:
         self.log.info("%s: reloading the configuration and re-reading the GPUs", why)
         try:
             prepared = self.prepare(chosen)
+            self.specs.stage(prepared.cdi)  # the CDI specs first: a failure leaves everything as it was
         except (StartupError, NvmlMissing) as err:
             self.recorder.config_refused(str(err), time.time(), notify=notify)
             raise ConfigRefused(str(err)) from None
@@ -127,7 +129,8 @@ class PluginProcess:
         if self.health is not None:
             self.health.stop()
             self.health = None
-        diff = self.manager.apply(prepared.plan, prepared.config, prepared.inventory)
+        diff = self.manager.apply(prepared.plan, prepared.config, prepared.inventory, classes(prepared.cdi))
+        self.specs.settle(prepared.cdi)
         self.log.info("Reload applied: %s", diff.describe())
         changed = bool(diff.added or diff.removed or diff.changed or diff.restarted)
         self.recorder.config_applied(prepared.config.source, diff.describe(), changed, time.time(),
@@ -145,9 +148,10 @@ class PluginProcess:
 
         log_inventory(self.log, prepared.inventory)
         log_plan(self.log, prepared.plan)
+        self.specs.stage(prepared.cdi)  # before any resource registers; raises StartupError
         self.manager = PluginManager(prepared.config, prepared.inventory, self.log, recorder=self.recorder)
         self.watch_kubelet(prepared.config)
-        self.manager.apply(prepared.plan)
+        self.manager.apply(prepared.plan, cdi_classes=classes(prepared.cdi))
         # Health checking starts once the resources have registered (or tried to), as in NVIDIA's
         # plugin: its set-up, NVML event registration for every GPU, would otherwise compete with
         # registering for the interpreter. Like an XID before start-up, one in those milliseconds
@@ -181,12 +185,11 @@ class PluginProcess:
         from nvdp.plugin.health import HealthMonitor
         from nvdp.plugin.xid_policy import policy_from_config
 
-        manager = self.manager
-        assert manager is not None
+        assert self.manager is not None
         if self.health is not None:
             self.health.stop()
         self.health = HealthMonitor(prepared.inventory, policy_from_config(prepared.config),
-                                    manager.mark_unhealthy, self.log, recorder=self.recorder)
+                                    self.manager.mark_unhealthy, self.log, recorder=self.recorder)
         self.health.start()
 
     def record_active(self) -> None:

@@ -122,6 +122,7 @@ class PluginManager:
         retry_interval_s: float = RETRY_INTERVAL_S,
         register_timeout_s: float = REGISTER_TIMEOUT_S,
         socket_check_s: float = SOCKET_CHECK_S,
+        cdi_classes: frozenset[str] = frozenset(),
     ) -> None:
         self._config = config
         self._inventory = inventory
@@ -135,6 +136,7 @@ class PluginManager:
         self._lock = threading.RLock()
         self._plan = Plan()
         self._resources: dict[str, RunningResource] = {}
+        self._cdi_classes = cdi_classes  # the CDI specs written: the classes Allocate may name
 
     # --- read-only views ---------------------------------------------------------------------
 
@@ -198,9 +200,17 @@ class PluginManager:
 
     # --- reconciling -------------------------------------------------------------------------
 
-    def apply(self, plan: Plan, config: Config | None = None, inventory: Inventory | None = None) -> PlanDiff:
-        """Make the running resources match `plan`; starting and registering go on in the background."""
+    def apply(self, plan: Plan, config: Config | None = None, inventory: Inventory | None = None,
+              cdi_classes: frozenset[str] | None = None) -> PlanDiff:
+        """Make the running resources match `plan`; starting and registering go on in the background.
+
+        `cdi_classes` (None: as before) are the CDI classes whose specs are written now; resources
+        that keep running get them in place, so their Allocate answers name no class without a spec.
+        """
         with self._lock:
+            classes_changed = cdi_classes is not None and cdi_classes != self._cdi_classes
+            if cdi_classes is not None:
+                self._cdi_classes = cdi_classes
             new_config = config or self._config
             new_inventory = inventory or self._inventory
             settings_changed = serving_settings(new_config) != serving_settings(self._config) or (
@@ -211,6 +221,9 @@ class PluginManager:
             retired = [self._resources.pop(name) for name in diff.removed + diff.restarted]
             for name in diff.changed:
                 self._resources[name].update(_resource(plan, name))
+            if classes_changed:
+                for name in diff.changed + diff.unchanged:
+                    self._resources[name].set_cdi_classes(self._cdi_classes)
             fresh = [self._make(_resource(plan, name)) for name in diff.added + diff.restarted]
             for running in fresh:
                 self._resources[running.name] = running
@@ -272,7 +285,7 @@ class PluginManager:
             resource, self._config, self._inventory, self._log, recorder=self._recorder,
             server_factory=self._server_factory, gate_factory=self._gate_factory,
             retry_interval_s=self._retry_interval_s, register_timeout_s=self._register_timeout_s,
-            socket_check_s=self._socket_check_s,
+            socket_check_s=self._socket_check_s, cdi_classes=self._cdi_classes,
         )
 
 

@@ -1,9 +1,10 @@
-"""What the plugin will serve, prepared before anything running is touched: config, GPUs, plan.
+"""What the plugin will serve, prepared before anything running is touched: config, GPUs, plan, CDI specs.
 
-`prepare` runs the first three stages of the data flow (config + flags -> Config, NVML -> Inventory,
-Config + Inventory -> Plan) and the serving-side check that each planned device list fits the
-kubelet's message limit. It changes nothing: a reload that fails here leaves the running resources
-as they are.
+`prepare` runs the first stages of the data flow (config + flags -> Config, NVML -> Inventory,
+Config + Inventory -> Plan, and with a CDI strategy Config + Inventory + Plan + the driver's files ->
+SpecSet) and the serving-side check that each planned device list fits the kubelet's message limit.
+It changes nothing: a reload that fails here leaves the running resources (and the spec files) as
+they are.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from msgspec import Struct
 
@@ -20,6 +22,9 @@ from nvdp.plan.model import Plan
 from nvdp.plugin.errors import NvmlMissing, StartupError
 from nvdp.plugin.imex import channels_on_node
 
+if TYPE_CHECKING:
+    from nvdp.cdi.build import SpecSet
+
 __all__ = ["NvmlMissing", "Prepared", "StartupError", "discover", "load_config", "make_plan", "prepare"]
 
 
@@ -27,6 +32,7 @@ class Prepared(Struct, frozen=True):
     config: Config
     inventory: Inventory
     plan: Plan
+    cdi: SpecSet | None = None  # the CDI specs to write; None without a CDI strategy
 
 
 def load_config(args: argparse.Namespace, env: Mapping[str, str], entry: Path | None,
@@ -74,7 +80,10 @@ def make_plan(config: Config, inventory: Inventory) -> Plan:
 
 
 def prepare(config: Config) -> Prepared:
-    """GPUs and plan for a loaded config; raises StartupError or NvmlMissing."""
+    """GPUs, plan and CDI specs for a loaded config; raises StartupError or NvmlMissing."""
+    from nvdp.plugin.cdi_specs import build
+
     inventory = discover(config)
     config = channels_on_node(config)  # a required IMEX channel missing stops here; missing ones go
-    return Prepared(config, inventory, make_plan(config, inventory))
+    planned = make_plan(config, inventory)
+    return Prepared(config, inventory, planned, build(config, inventory, planned))

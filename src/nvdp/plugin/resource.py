@@ -41,6 +41,7 @@ class ResourceServerLike(Protocol):
     def socket_state(self) -> SocketState: ...
     def register(self, kubelet_socket: str, timeout: float = ...) -> None: ...
     def update(self, resource: PlannedResource) -> None: ...
+    def set_cdi_classes(self, classes: frozenset[str]) -> None: ...
     def wait_delivered(self, timeout: float) -> None: ...
     def stop(self) -> None: ...
 
@@ -91,6 +92,7 @@ class RunningResource:
         retry_interval_s: float = 2.0,
         register_timeout_s: float = 5.0,
         socket_check_s: float = 1.0,
+        cdi_classes: frozenset[str] = frozenset(),
     ) -> None:
         self.name = resource.name
         self.sharing = resource.sharing
@@ -112,6 +114,7 @@ class RunningResource:
         self._first_attempt = threading.Event()  # the first start-and-register attempt is over
         self._thread: threading.Thread | None = None
         self.server = server_factory(resource, config, inventory, log, recorder)
+        self.server.set_cdi_classes(cdi_classes)  # before it serves: Allocate names only specs written
         self.gate = gate_factory(resource, config, log, recorder)
         self._gate_open = self.gate is None
 
@@ -156,6 +159,10 @@ class RunningResource:
             self.sharing = resource.sharing
             self._planned = resource
             self._push()
+
+    def set_cdi_classes(self, classes: frozenset[str]) -> None:
+        """The CDI specs written changed (a re-plan): Allocate names only the classes in `classes`."""
+        self.server.set_cdi_classes(classes)
 
     def wait_delivered(self, timeout: float) -> None:
         """Until the kubelet's stream has the devices as they are now (no stream: at once), or `timeout`."""

@@ -44,6 +44,7 @@ class ResourceServer:
         dev_paths_present: Callable[[str], bool] | None = None,
         mig_minors_file: str = MIG_MINORS_FILE,
         cdi_uuid: Callable[[], str] | None = None,
+        cdi_classes: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config
         self.inventory = inventory
@@ -54,6 +55,7 @@ class ResourceServer:
         self.service = DevicePluginServicer(
             resource, config, inventory, self.log, recorder=self.recorder,
             dev_paths_present=dev_paths_present, mig_minors_file=mig_minors_file, cdi_uuid=cdi_uuid,
+            cdi_classes=cdi_classes,
         )
         self._socket = OwnedSocket(self.socket_path, resource.name)
         self._server: grpc.Server | None = None
@@ -110,6 +112,10 @@ class ResourceServer:
     def update(self, resource: PlannedResource) -> None:
         """Replace the advertised devices (health changes included); every open stream resends the list."""
         self.service.update(resource)
+
+    def set_cdi_classes(self, classes: frozenset[str]) -> None:
+        """The CDI classes whose specs are written now (see DevicePluginServicer.set_cdi_classes)."""
+        self.service.set_cdi_classes(classes)
 
     def wait_delivered(self, timeout: float) -> None:
         """Until an open ListAndWatch stream has sent the current list (none open: at once), or `timeout`."""

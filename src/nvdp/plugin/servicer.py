@@ -90,6 +90,7 @@ class DevicePluginServicer:
         dev_paths_present: Callable[[str], bool] | None = None,
         mig_minors_file: str = MIG_MINORS_FILE,
         cdi_uuid: Callable[[], str] | None = None,
+        cdi_classes: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config
         self.inventory = inventory
@@ -101,6 +102,7 @@ class DevicePluginServicer:
         self._mig_minors: dict[str, int] | None = None
         self._lock = threading.Condition()
         self._resource = resource
+        self._cdi_classes = cdi_classes  # the CDI specs written, for the names Allocate may return
         # Built by the first GetPreferredAllocation after each update, not on the health path.
         self._allocator: PreferredAllocator | None = None
         self._version = 0  # bumped on every update(); streams resend when it moves
@@ -146,6 +148,13 @@ class DevicePluginServicer:
             self._version += 1
             self._lock.notify_all()
 
+    def set_cdi_classes(self, classes: frozenset[str]) -> None:
+        """The CDI classes whose specs are written now; Allocate answers name no other class."""
+        with self._lock:
+            if classes != self._cdi_classes:
+                self._cdi_classes = classes
+                self._answers = {}
+
     def wait_delivered(self, timeout: float) -> None:
         """Until an open ListAndWatch stream has sent the current list (none open: at once), or `timeout`."""
         with self._lock:
@@ -186,10 +195,10 @@ class DevicePluginServicer:
         # plan (update() starts afresh) - except with CDI annotations, whose key is new every time.
         key = tuple(tuple(container.devices_ids) for container in request.container_requests)
         with self._lock:
-            resource, answers = self._resource, self._answers
+            resource, answers, classes = self._resource, self._answers, self._cdi_classes
         answer = answers.get(key)
         if answer is None:
-            answer = self._answer(resource, key, context)
+            answer = self._answer(resource, classes, key, context)
             if self._answers_reusable and len(answers) < _ANSWERS_KEPT:
                 answers[key] = answer
         for ids, shown, unhealthy in zip(key, answer.shown, answer.unhealthy, strict=True):
@@ -272,7 +281,8 @@ class DevicePluginServicer:
     def _answers_reusable(self) -> bool:
         return "cdi-annotations" not in self.config.flags.plugin.device_list_strategy
 
-    def _answer(self, resource: PlannedResource, key: tuple[tuple[str, ...], ...], context: Any) -> _Answer:
+    def _answer(self, resource: PlannedResource, classes: frozenset[str], key: tuple[tuple[str, ...], ...],
+                context: Any) -> _Answer:
         present = self._dev_paths_present or (lambda _path: False)
         messages = []
         unhealthy = []
@@ -285,6 +295,7 @@ class DevicePluginServicer:
                     dev_paths_present=present,
                     mig_cap_minors=self._mig_minors,
                     cdi_uuid=self._cdi_uuid,
+                    cdi_classes=classes,
                 )
             except AllocationRefused as err:
                 self.recorder.allocation_refused(resource.name, err.reason)

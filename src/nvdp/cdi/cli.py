@@ -1,0 +1,179 @@
+"""`nvdp cdi generate`: print or write exactly the CDI specs the plugin would write on this node.
+
+It goes the plugin's way: the config from `--config` (else CONFIG_FILE), the environment and the two
+root flags, the GPUs through NVML, the plan, then `nvdp.cdi.generate`. Run it in the plugin pod
+(`kubectl exec <pod> -- nvdp cdi generate`) to see what the plugin writes, or on a node with
+`--driver-root` / `--dev-root` to try a layout before installing.
+
+`--output -` (the default) prints each spec as compact JSON, one per line (the `gpu` spec first);
+`--output DIR` writes them into a directory as the plugin does (its file names, atomically, 0644);
+`--output FILE` writes the one spec there is to FILE, atomically. Every error is one line naming the
+cause and the fix, exit status 1; usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nvdp.cdi.build import SpecSet
+    from nvdp.config.model import Config
+
+EXIT_FAILED = 1
+
+
+class GenerateError(Exception):
+    """The specs cannot be generated or written; the message is the one line to print."""
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "cdi",
+        help="CDI specs: `nvdp cdi generate` prints what the plugin writes to /var/run/cdi",
+        description="CDI specs of the device plugin (cdi-annotations / cdi-cri device list strategies).",
+    )
+    commands = parser.add_subparsers(dest="cdi_command", required=True, metavar="COMMAND")
+    generate = commands.add_parser(
+        "generate",
+        help="print or write the CDI specs the plugin would write on this node",
+        description="Generate the CDI specs the plugin writes with a CDI device list strategy, from this "
+        "node's GPUs (NVML) and driver files, under the config and environment the plugin would use.",
+    )
+    generate.add_argument("--config", metavar="FILE", help="plugin config file (default: $CONFIG_FILE, "
+                          "else the built-in defaults)")
+    generate.add_argument("--driver-root", metavar="DIR", type=_host_path, help="host path of the driver "
+                          "root, written into the spec (flags.nvidiaDriverRoot, env NVIDIA_DRIVER_ROOT)")
+    generate.add_argument("--dev-root", metavar="DIR", type=_host_path, help="host path of the /dev root "
+                          "(flags.nvidiaDevRoot, env NVIDIA_DEV_ROOT; default: the driver root)")
+    generate.add_argument("--output", metavar="FILE|DIR|-", default="-", help="- prints the specs, one JSON "
+                          "document a line (default); a directory gets the plugin's spec files; a file "
+                          "gets the one spec (atomically)")
+    generate.set_defaults(handler=generate_command)
+
+
+def _host_path(text: str) -> str:
+    if not text.startswith("/"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an absolute path; a host path such as / or "
+                                         "/run/nvidia/driver")
+    return text
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    try:
+        specs = generate_specs(args, os.environ)
+        output(specs, args.output)
+    except GenerateError as err:
+        print(f"nvdp cdi generate: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as err:  # a line to report, never a traceback
+        print(f"nvdp cdi generate: unexpected error: {type(err).__name__}: {err}; report this line",
+              file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def load(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
+    """The config as the plugin loads it: the file, the environment, and the root flags given."""
+    from nvdp.config.loader import ConfigError, load_config
+
+    path = args.config or env.get("CONFIG_FILE") or None
+    if args.config and not Path(args.config).is_file():
+        raise GenerateError(f"--config {args.config}: no such file; pass the plugin's config file (in the "
+                            "plugin pod the file CONFIG_FILE names, or /available-configs/<entry>)")
+    if path is None and env.get("CONFIG_DIR"):
+        raise GenerateError(
+            f"CONFIG_DIR is set ({env['CONFIG_DIR']}): the plugin chooses an entry there by the node's "
+            "label; pass the entry it uses with --config (its log says `Config in force: <entry>`), e.g. "
+            f"--config {env['CONFIG_DIR'].rstrip('/')}/<entry>"
+        )
+    overrides: dict[str, object] = {}
+    if args.driver_root is not None:
+        overrides["flags.nvidiaDriverRoot"] = args.driver_root
+    if args.dev_root is not None:
+        overrides["flags.nvidiaDevRoot"] = args.dev_root
+    try:
+        return load_config(path, env, overrides)
+    except ConfigError as err:
+        raise GenerateError(" ".join(str(err).split())) from None
+
+
+def generate_specs(args: argparse.Namespace, env: Mapping[str, str]) -> SpecSet:
+    """The SpecSet the plugin would write, or GenerateError with the cause and the fix."""
+    from nvdp.cdi import generate
+    from nvdp.cdi.errors import CdiError
+    from nvdp.inventory.nvml import NvmlUnavailable, discover
+    from nvdp.plan import PlanError, plan
+
+    config = load(args, env)
+    _warn_unknown_feature_flags(config)
+    flags = config.flags
+    try:
+        inventory = discover(flags.nvidia_driver_root, flags.plugin.container_driver_root)
+    except NvmlUnavailable as err:
+        raise GenerateError(" ".join(str(err).split())) from None
+    try:
+        planned = plan(config, inventory)
+    except PlanError as err:
+        raise GenerateError(f"the configuration cannot be applied to this node's GPUs: {err}") from None
+    try:
+        return generate(config, inventory, planned)
+    except CdiError as err:
+        raise GenerateError(" ".join(str(err).split())) from None
+
+
+def _warn_unknown_feature_flags(config: Config) -> None:
+    from nvdp.config.model import KNOWN_CDI_FEATURE_FLAGS
+
+    unknown = [f for f in config.flags.plugin.cdi_feature_flags if f not in KNOWN_CDI_FEATURE_FLAGS]
+    if unknown:
+        known = ", ".join(KNOWN_CDI_FEATURE_FLAGS)
+        print(f"nvdp cdi generate: warning: unknown CDI feature flag(s) {', '.join(unknown)}, ignored as "
+              f"NVIDIA ignores them; the known ones are {known}", file=sys.stderr)
+
+
+def output(specs: SpecSet, where: str) -> None:
+    from nvdp.cdi.spec import encode
+
+    if where == "-":
+        for spec in specs.specs:
+            sys.stdout.write(encode(spec).decode() + "\n")
+        return
+    if Path(where).is_dir():
+        _write_dir(specs, where)
+        return
+    if len(specs.specs) != 1:
+        kinds = ", ".join(spec.kind for spec in specs.specs)
+        raise GenerateError(
+            f"--output {where}: this node has {len(specs.specs)} specs ({kinds}), a file holds one; pass a "
+            "directory to write each as the plugin does, or - to print them"
+        )
+    _write_file(encode(specs.specs[0]), where)
+
+
+def _write_dir(specs: SpecSet, directory: str) -> None:
+    from nvdp.cdi.errors import CdiError
+    from nvdp.cdi.write import write_specs
+
+    try:
+        result = write_specs(specs, directory)
+    except CdiError as err:
+        raise GenerateError(" ".join(str(err).split())) from None
+    for path in result.written:
+        print(f"written: {path}", file=sys.stderr)
+    for path in result.unchanged:
+        print(f"unchanged: {path}", file=sys.stderr)
+
+
+def _write_file(data: bytes, path: str) -> None:
+    from nvdp.cdi.errors import CdiError
+    from nvdp.cdi.write import write_file
+
+    try:
+        write_file(data, path)
+    except CdiError as err:
+        raise GenerateError(" ".join(str(err).split())) from None
