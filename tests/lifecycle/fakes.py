@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import queue
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,3 +116,13 @@ class FakeNvml:
         if isinstance(item, NVMLError):
             raise item
         return item
+
+
+def eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Whether `check()` becomes true within `timeout` seconds (polled every 10 ms)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -3,7 +3,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,18 +15,9 @@ from nvdp.plugin.manager import PlanDiff, PluginManager, diff_plans
 from nvdp.plugin.owned_socket import SocketState
 from nvdp.recording import Recorder
 
-from .fakes import gpu, inventory
+from .fakes import eventually, gpu, inventory
 
 LOG = logging.getLogger("test.manager")
-
-
-def eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def device(gpu_index: int, replica: int | None = None) -> PlannedDevice:

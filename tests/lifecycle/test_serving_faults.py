@@ -5,23 +5,14 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
 
 import pytest
 
 from nvdp.plugin.grpc_client import server_answers
 from nvdp.plugin.server import ResourceServer
 
+from .fakes import eventually
 from .serving import GPU, LOG, DialingKubelet, node, planned, serving, short_dir
-
-
-def eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_the_resource_is_served_and_registered_right_after_a_kubelet_flap() -> None:

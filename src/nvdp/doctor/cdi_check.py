@@ -27,28 +27,20 @@ FIX_WRITE = (
 
 
 def cdi_on(config: Config) -> bool:
-    return any(s in ("cdi-annotations", "cdi-cri") for s in config.flags.plugin.device_list_strategy)
+    from nvdp.plugin.cdi_specs import CDI_STRATEGIES
+
+    return not CDI_STRATEGIES.isdisjoint(config.flags.plugin.device_list_strategy)
 
 
 def planned_names(config: Config, plan: Plan, present_classes: frozenset[str]) -> list[str]:
     """Every qualified name Allocate may return under `plan`: each device's `gpu` name, and the names
-    of the optional classes whose spec the plugin wrote (it names no other)."""
+    of the optional classes whose spec the plugin wrote (it names no other), as Allocate builds them."""
     from nvdp.plan.ids import device_container_ids
-    from nvdp.plugin.allocate import CDI_VENDOR
+    from nvdp.plugin.allocate import cdi_names
 
-    ids: dict[str, None] = {}
-    for resource in plan.resources:
-        for device in resource.devices:
-            ids.update(dict.fromkeys(device_container_ids([device], config.flags.plugin.device_id_strategy)))
-    names = [f"{CDI_VENDOR}/gpu={i}" for i in ids]
-    flags = config.flags
-    if "imex-channel" in present_classes:
-        names += [f"{CDI_VENDOR}/imex-channel={ch}" for ch in config.imex.channel_ids]
-    for enabled, cls in ((flags.gdrcopy_enabled, "gdrcopy"), (flags.gds_enabled, "gds"),
-                         (flags.mofed_enabled, "mofed")):
-        if enabled and cls in present_classes:
-            names.append(f"{CDI_VENDOR}/{cls}=all")
-    return names
+    devices = [device for resource in plan.resources for device in resource.devices]
+    ids = device_container_ids(devices, config.flags.plugin.device_id_strategy)
+    return cdi_names(ids, config, present_classes)
 
 
 class CdiChecks:

@@ -176,7 +176,7 @@ def _unique(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def _cdi_names(ids: Sequence[str], config: Config, classes: Collection[str]) -> list[str]:
+def cdi_names(ids: Sequence[str], config: Config, classes: Collection[str]) -> list[str]:
     """The CDI names for `ids`, in NVIDIA's order; the optional classes only when their spec exists.
 
     The `gpu` spec always exists while a CDI strategy serves (the plugin writes it before it
@@ -270,7 +270,7 @@ def allocate_container(
     cdi_devices: list[str] = []
 
     if strategies & {"cdi-annotations", "cdi-cri"}:
-        names = _cdi_names(ids, config, cdi_classes)
+        names = cdi_names(ids, config, cdi_classes)
         if "cdi-annotations" in strategies:
             annotations[_annotation_key(plugin.cdi_annotation_prefix, cdi_uuid())] = ",".join(names)
         if "cdi-cri" in strategies:
