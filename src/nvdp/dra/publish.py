@@ -84,6 +84,7 @@ class SlicePublisher:
         self._generation = 0
         self._requests = 0
         self._in_sync = False  # the server held the desired slices at the last look, no change seen since
+        self._known: list[dict[str, Any]] = []  # the slices as last listed or written, while in sync
         self._echo_writes: set[tuple[str, str]] = set()  # (name, resourceVersion) written here
         self._echo_deletes: set[str] = set()
         self._watcher: SliceWatcher | None = None
@@ -97,7 +98,9 @@ class SlicePublisher:
             if want == self._want and self._in_sync and self._watching():
                 return 0
             self._want = want
-            return self._sync(None)
+            # In sync and watched: the server holds what was last written (a stale guess is a 409,
+            # retried from a fresh list), so a change costs its writes only.
+            return self._sync(list(self._known) if self._in_sync and self._watching() else None)
 
     def start_watch(self, client: KubeClient | None = None) -> None:
         """Re-publish the last desired state whenever the slices change under us or the watch
@@ -169,6 +172,7 @@ class SlicePublisher:
         ) and len({_generation(obj) for obj in current.values()}) <= 1
         if same:
             self._in_sync = True
+            self._known = list(actual)
             return 0
         self._in_sync = False
         self._generation = max([self._generation, *(_generation(obj) for obj in actual)]) + 1
@@ -178,6 +182,7 @@ class SlicePublisher:
         # Obsolete slices go first: a pool briefly short of devices is safe, one with a device twice is not.
         for name in obsolete:
             self._delete(name)
+            current.pop(name)
             writes += 1
         for obj in desired:
             name = _name(obj)
@@ -188,8 +193,10 @@ class SlicePublisher:
             else:
                 done = self._call(f"create ResourceSlice {name}", partial(create_slice, self._client, obj))
             self._echo_writes.add((name, _version(done)))
+            current[name] = done
             writes += 1
         self._in_sync = True
+        self._known = list(current.values())
         return writes
 
     def _list(self) -> list[dict[str, Any]]:
