@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import helm_python
 import pytest
 import yaml
 from lightkube.core.exceptions import ApiError
@@ -27,10 +28,10 @@ from nvdp.kube import (
     list_slices,
     replace_slice,
 )
-from tests.chart.chart_helm import render
 from tests.kube.envtest import ControlPlane
 
 DRIVER = "gpu.nvidia.com"
+CHART = Path(__file__).resolve().parents[2] / "charts" / "nvidia-device-plugin"
 LOG = logging.getLogger("test.dra")
 
 
@@ -244,8 +245,11 @@ def plane(kube_api: ControlPlane) -> ControlPlane:
     """The chart's DRA objects (ServiceAccount, RBAC, admission policy, DeviceClasses) applied once."""
     wanted = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
               "ValidatingAdmissionPolicyBinding", "DeviceClass"}
-    objects = [o for o in render({"dra": {"enabled": True}}, release=RELEASE, namespace=NAMESPACE).objects
-               if o["kind"] in wanted and o["metadata"]["name"] != PLUGIN_ACCOUNT]
+    manifests = helm_python.Chart.load(str(CHART)).render({"dra": {"enabled": True}}, name=RELEASE,
+                                                          namespace=NAMESPACE, is_install=True)
+    objects = [doc for path, text in manifests.items() if not path.endswith("NOTES.txt")
+               for doc in yaml.safe_load_all(text)
+               if doc and doc["kind"] in wanted and doc["metadata"]["name"] != PLUGIN_ACCOUNT]
     assert {o["kind"] for o in objects} == wanted
     if kube_api.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0:
         kube_api.kubectl("create", "namespace", NAMESPACE)
