@@ -40,7 +40,7 @@ class ClaimSpecWriter:
         spec = claim_spec(self._config, self._inventory, self._facts, claim_uid,
                           [self._claim_device(d) for d in devices])
         write_claim_spec(self.directory, spec, claim_uid)
-        return claim_cdi_ids(spec)
+        return claim_cdi_ids(spec, claim_uid)
 
     def remove(self, claim_uid: str) -> None:
         remove_claim_spec(self.directory, claim_uid)

@@ -266,6 +266,7 @@ class DraProcess:
         from nvdp.kube import KubeConnectError
         from nvdp.nodechoice import ConfigRefused, NodeConfigRule
         from nvdp.nodeconfig import follow
+        from nvdp.plugin.owned_socket import ServerStartError
 
         try:
             self.node_config = follow(self.args, self.env, lambda: inbox.post(Wake.NODE_CONFIG), self.log,
@@ -279,6 +280,9 @@ class DraProcess:
             return EXIT_FAILED
         except NvmlMissing as err:
             self.log.error("%s", err)
+            return EXIT_FAILED
+        except (OSError, ServerStartError) as err:  # the plugin folder, the checkpoint, a socket
+            self.log.error("Cannot start the DRA plugin: %s", err)
             return EXIT_FAILED
         return None
 
