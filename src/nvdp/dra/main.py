@@ -83,9 +83,6 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
                             "default %(default)s)")
     group.add_argument("--cdi-root", default=env.get(CDI_ROOT_ENV) or DEFAULT_CDI_ROOT,
                        help=f"where the per-claim CDI specs go (env {CDI_ROOT_ENV}; default %(default)s)")
-    group.add_argument("--kubeconfig", default=None,
-                       help="kubeconfig for the API server (default: the pod's service account, else "
-                            "KUBECONFIG)")
     return parser
 
 
