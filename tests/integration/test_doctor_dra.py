@@ -80,11 +80,12 @@ def dead_socket(path: str) -> None:
 # --- is DRA on this node -----------------------------------------------------------------------------
 
 
-def test_without_the_dra_plugin_the_check_is_one_skip_with_the_reason(kubelet_dirs: dict[str, str]) -> None:
-    (finding,) = Node(kubelet_dirs, None).dra()
-    assert (finding.check, finding.status) == ("dra", "SKIP")
-    assert f"no {kubelet_dirs['KUBELET_REGISTRAR_DIR']}/{DRIVER}-reg.sock" in finding.detail
-    assert "DRA_DRIVER_NAME is not set" in finding.detail
+def test_without_the_dra_plugin_there_is_no_dra_line(kubelet_dirs: dict[str, str]) -> None:
+    assert Node(kubelet_dirs, None).dra() == []
+    node = dra_node(kubelet_dirs)
+    assert not node.on
+    assert f"no {kubelet_dirs['KUBELET_REGISTRAR_DIR']}/{DRIVER}-reg.sock" in node.why
+    assert "DRA_DRIVER_NAME is not set" in node.why
 
 
 def test_the_driver_name_from_the_environment_means_dra_even_without_a_socket(
