@@ -227,3 +227,19 @@ def test_checkov_finds_only_what_is_accepted_for_the_device_plugin(tmp_path: Pat
     assert any(DAEMONSET in resource for _, _, resource in failed)  # the DRA DaemonSet was checked
     unexplained = sorted(f for f in failed if f[1] not in ACCEPTED.get(f[0], set()))
     assert not unexplained, unexplained
+
+
+def test_helm_test_asks_for_the_gpu_through_a_claim_in_dra_mode() -> None:
+    objects = dra_render()
+    (template,) = [o for o in objects if o["kind"] == "ResourceClaimTemplate"]
+    (pod,) = [o for o in objects if o["kind"] == "Pod"]
+    request = template["spec"]["spec"]["devices"]["requests"][0]
+    assert request["exactly"]["deviceClassName"] == "gpu.nvidia.com"
+    assert template["metadata"]["annotations"]["helm.sh/hook-weight"] == "-1", "made before the pod"
+    assert pod["spec"]["resourceClaims"] == [{"name": "gpu",
+                                              "resourceClaimTemplateName": template["metadata"]["name"]}]
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert resources["claims"] == [{"name": "gpu"}]
+    assert "nvidia.com/gpu" not in resources["limits"], "no device-plugin resource on a DRA node"
+    plain = [o for o in render().objects if o["kind"] == "Pod"]
+    assert plain and plain[0]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1

@@ -55,6 +55,9 @@ LOCK_FILE = "pu.lock"
 # The loop wakes this often to check that its sockets are still there (a kubelet's clean-up, or an
 # operator, may remove them; the plugin watcher then forgets the driver until they are back).
 TICK_S = 1.0
+# A publish that failed (API server away, a conflict that kept coming back) is tried again this often;
+# the slice watch also re-publishes when it reconnects.
+REPUBLISH_AFTER_S = 10.0
 
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -118,6 +121,7 @@ class DraProcess:
         self.endpoints: list[HttpEndpoints] = []
         self.not_serving_reason: str | None = "starting"
         self._lock = threading.Lock()  # the serving state and the slices, shared with the health thread
+        self._publish_failed_at: float | None = None
 
     # --- one config ------------------------------------------------------------------------------
 
@@ -182,9 +186,12 @@ class DraProcess:
             devices, unhealthy = list(self.serving.devices.values()), self.unhealthy
             try:
                 writes = self.publisher.publish(devices, unhealthy)
-            except Exception as err:  # the watch re-publishes once the API server answers again
-                self.log.error("Cannot publish this node's ResourceSlices: %s", err)
+            except Exception as err:  # tried again from the loop, and by the watch when it reconnects
+                self.log.error("Cannot publish this node's ResourceSlices (retrying in %gs): %s",
+                               REPUBLISH_AFTER_S, err)
+                self._publish_failed_at = time.monotonic()
                 return
+            self._publish_failed_at = None
         if writes:
             self.log.info("ResourceSlices published (%d API write%s): %d device(s), %d unhealthy", writes,
                           "" if writes == 1 else "s", len(devices),
@@ -291,7 +298,15 @@ class DraProcess:
                           "Received SIGHUP" if forced else "Node config changed")
             self.rule.again(self.switch, forced=forced)
         if self.server is not None:
-            self.server.check_sockets()
+            from nvdp.plugin.owned_socket import ServerStartError
+
+            try:
+                self.server.check_sockets()
+            except ServerStartError as err:  # tried again at the next tick
+                self.log.error("Cannot make the DRA plugin's socket again: %s", err)
+        failed_at = self._publish_failed_at
+        if failed_at is not None and time.monotonic() - failed_at >= REPUBLISH_AFTER_S:
+            self.publish()
         return None
 
     def run(self, inbox: Inbox) -> int:
