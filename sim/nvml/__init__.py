@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -133,10 +134,27 @@ def read_compute_mode(state_dir: Path, uuid: str, default: str = "DEFAULT") -> s
 
 
 def write_sysfs(inventory: Inventory, root: Path) -> Path:
-    """The part of /sys the plugin reads: each GPU's PCI device with its numa_node (-1: none)."""
+    """The part of /sys the plugin reads: each GPU's PCI device with its numa_node (-1: none).
+
+    A GPU with a `pcie_root` is placed as in a real sysfs, under /sys/devices/<root>/<bridge>/<address>,
+    with /sys/bus/pci/devices/<address> a relative link to it; without one it is a plain directory there.
+    """
+    links = root / "bus/pci/devices"
+    links.mkdir(parents=True, exist_ok=True)
     for gpu in inventory.gpus:
         domain, _, rest = gpu.pci_bus_id.partition(":")
-        device = root / "bus/pci/devices" / f"{domain[-4:]}:{rest}".lower()
+        address = f"{domain[-4:]}:{rest}".lower()
+        link = links / address
+        if link.is_symlink():
+            link.unlink()
+        elif link.is_dir() and gpu.pcie_root is not None:
+            shutil.rmtree(link)
+        device = link
+        if gpu.pcie_root is not None:
+            bridge = f"{gpu.pcie_root.removeprefix('pci')}:01.0"  # the root port the GPU hangs off
+            device = root / "devices" / gpu.pcie_root / bridge / address
+            device.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(Path("../../..") / "devices" / gpu.pcie_root / bridge / address)
         device.mkdir(parents=True, exist_ok=True)
         (device / "numa_node").write_text(f"{-1 if gpu.numa_node is None else gpu.numa_node}\n")
     return root

@@ -67,12 +67,22 @@ typedef struct sim_handle {
 } sim_handle;
 typedef sim_handle *nvmlDevice_t;
 
+/* nvmlGpuInstance_t: the GPU instance of a MIG device (the first device listed with that gi_id). */
+typedef struct sim_gi {
+    unsigned magic;
+    int gpu, mig;
+} sim_gi;
+typedef sim_gi *nvmlGpuInstance_t;
+
 typedef struct {
     sim_handle h;
+    sim_gi gi_handle;
     char uuid[96];
     char profile[32];
     unsigned gi, ci;
     unsigned long long mem;
+    int gi_profile_id; /* -1: unknown, nvmlDeviceGetGpuInstanceById answers NOT_SUPPORTED */
+    int placement_start, placement_size; /* -1 until given or derived */
 } sim_mig;
 
 typedef struct {
@@ -94,9 +104,12 @@ typedef struct {
     int fabric_state;           /* 0: no fabric (NOT_SUPPORTED); else nvmlGpuFabricState_t */
     unsigned char cluster_uuid[16];
     unsigned clique_id;
+    int brand;     /* nvmlBrandType_t */
+    unsigned arch; /* nvmlDeviceArchitecture_t */
 } sim_gpu;
 
 #define HANDLE_MAGIC 0x4e564d4cu
+#define GI_MAGIC 0x47494e53u
 #define EVSET_MAGIC 0x45565354u
 
 static struct {
@@ -236,6 +249,105 @@ static int add_link(int a, int b) {
     return 0;
 }
 
+/* go-nvlib's GetBrandAsString / GetArchitectureAsString names, indexed by the NVML enum value. */
+static const char *brand_names[] = {"Unknown", "Quadro", "Tesla", "NVS", "Grid", "GeForce", "Titan",
+                                    "NvidiaVApps", "NvidiaVPC", "NvidiaVCS", "NvidiaVWS", "NvidiaCloudGaming",
+                                    "QuadroRTX", "NvidiaRTX", "Nvidia", "GeForceRTX", "TitanRTX"};
+static const char *arch_names[] = {NULL, NULL, "Kepler", "Maxwell", "Pascal", "Volta", "Turing", "Ampere",
+                                   "Ada Lovelace", "Hopper", "Blackwell"};
+#define ARCH_UNKNOWN 0xFFFFFFFFu
+
+static int name_index(const char *const *names, int n, const char *name) {
+    for (int k = 0; k < n; k++)
+        if (names[k] && strcmp(names[k], name) == 0) return k;
+    return -1;
+}
+
+/* The architecture of a compute capability, as nvdp.inventory.facts.architecture_from_cc. */
+static unsigned arch_from_cc(int major, int minor) {
+    switch (major) {
+    case 3: return 2;
+    case 5: return 3;
+    case 6: return 4;
+    case 7: return minor >= 5 ? 6 : 5;
+    case 8: return minor == 9 ? 8 : 7;
+    case 9: return 9;
+    case 10: case 11: case 12: return 10;
+    default: return ARCH_UNKNOWN;
+    }
+}
+
+/* Compute slices, memory GB and whether a suffix follows, from "[<c>c.]<g>g.<gb>gb[suffix]". */
+static int parse_mig_profile(const char *profile, unsigned *g_slices, unsigned *gb, int *suffix) {
+    unsigned c;
+    int n = 0;
+    if (sscanf(profile, "%uc.%n", &c, &n) == 1 && n > 0) profile += n;
+    n = 0;
+    if (sscanf(profile, "%ug.%ugb%n", g_slices, gb, &n) != 2 || n == 0) return -1;
+    *suffix = profile[n] != '\0';
+    return 0;
+}
+
+/* Memory slices (eighths of the GPU's memory, rounded, at least 1), as nvdp.inventory.facts. */
+static int mig_memory_slices(const char *profile, unsigned long long gpu_mem) {
+    unsigned g_slices, gb;
+    int suffix;
+    unsigned long long gpu_gb = (gpu_mem / (1024ULL * 1024ULL) + 512) / 1024;
+    if (parse_mig_profile(profile, &g_slices, &gb, &suffix) < 0 || gpu_gb == 0) return -1;
+    unsigned long long slices = ((unsigned long long)gb * 16 + gpu_gb) / (2 * gpu_gb);
+    return slices < 1 ? 1 : (int)slices;
+}
+
+/* NVIDIA's A100/H100 GI profile ids (nvidia-smi mig -lgip); -1 for sizes without one. */
+static int default_gi_profile_id(const char *profile, unsigned long long gpu_mem) {
+    unsigned g_slices, gb;
+    int suffix;
+    if (parse_mig_profile(profile, &g_slices, &gb, &suffix) < 0) return -1;
+    if (g_slices == 1 && suffix) return 20;
+    if (g_slices == 1) return mig_memory_slices(profile, gpu_mem) >= 2 ? 15 : 19;
+    switch (g_slices) {
+    case 2: return 14;
+    case 3: return 9;
+    case 4: return 5;
+    case 7: return 0;
+    default: return -1;
+    }
+}
+
+static int overlaps_placed(const sim_gpu *gp, int self, int start, int size) {
+    for (int k = 0; k < gp->n_mig; k++) {
+        const sim_mig *o = &gp->mig[k];
+        if (k == self || o->placement_start < 0 || o->gi == gp->mig[self].gi) continue;
+        if (start < o->placement_start + o->placement_size && o->placement_start < start + size) return 1;
+    }
+    return 0;
+}
+
+/* GPU instance facts of each MIG device: as given, else derived; compute instances of one GPU instance
+ * (same gi_id) share the first one's. Placements not given are packed, in list order, at the lowest
+ * start that is a multiple of their size and overlaps no other GPU instance (sim/nvml/README.md). */
+static void place_mig_devices(sim_gpu *gp) {
+    for (int j = 0; j < gp->n_mig; j++) {
+        sim_mig *m = &gp->mig[j];
+        int first = j;
+        for (int k = 0; k < j; k++)
+            if (gp->mig[k].gi == m->gi) {
+                first = k;
+                break;
+            }
+        if (first != j) {
+            m->gi_profile_id = gp->mig[first].gi_profile_id;
+            m->placement_start = gp->mig[first].placement_start;
+            m->placement_size = gp->mig[first].placement_size;
+            continue;
+        }
+        if (m->gi_profile_id < 0 || m->placement_start >= 0) continue;
+        int start = 0;
+        while (overlaps_placed(gp, j, start, m->placement_size)) start += m->placement_size;
+        m->placement_start = start;
+    }
+}
+
 static int load_gpu(const jvalue *jg, int i) {
     sim_gpu *gp = &g.gpus[i];
     double d;
@@ -255,6 +367,17 @@ static int load_gpu(const jvalue *jg, int i) {
         return perr("gpus[%d].compute_capability: expected \"major.minor\"", i);
     if (get_num(jg, "minor", &d, 1, "gpus", i) < 0) return -1;
     gp->minor = (unsigned)d;
+    const jvalue *brand = json_get(jg, "brand");
+    gp->brand = strstr(gp->name, "Tesla") ? 2 : 14; /* NVML_BRAND_TESLA, NVML_BRAND_NVIDIA */
+    if (brand && brand->type == J_STR && (gp->brand = name_index(brand_names, 17, brand->str)) < 0)
+        return perr("gpus[%d].brand: unknown brand %s", i, brand->str);
+    const jvalue *arch = json_get(jg, "architecture");
+    gp->arch = arch_from_cc(gp->cc_major, gp->cc_minor);
+    if (arch && arch->type == J_STR) {
+        int a = strcmp(arch->str, "Unknown") == 0 ? 0 : name_index(arch_names, 11, arch->str);
+        if (a < 0) return perr("gpus[%d].architecture: unknown architecture %s", i, arch->str);
+        gp->arch = a == 0 ? ARCH_UNKNOWN : (unsigned)a;
+    }
     if (get_num(jg, "numa_node", &d, 0, "gpus", i) == 0) gp->numa = (int)d;
     if (get_num(jg, "mig_capable", &d, 0, "gpus", i) == 0) gp->mig_capable = (int)d;
     if (get_num(jg, "mig_enabled", &d, 0, "gpus", i) == 0) gp->mig_enabled = (int)d;
@@ -300,8 +423,17 @@ static int load_gpu(const jvalue *jg, int i) {
             m->ci = (unsigned)d;
             if (get_num(jm, "memory_mib", &d, 1, "mig_devices", (int)j) < 0) return -1;
             m->mem = (unsigned long long)d * 1024ULL * 1024ULL;
+            m->gi_handle = (sim_gi){GI_MAGIC, i, (int)j};
+            m->gi_profile_id = default_gi_profile_id(m->profile, gp->mem);
+            if (get_num(jm, "gi_profile_id", &d, 0, "mig_devices", (int)j) == 0) m->gi_profile_id = (int)d;
+            m->placement_size = mig_memory_slices(m->profile, gp->mem);
+            if (m->placement_size < 1) m->placement_size = 1;
+            if (get_num(jm, "placement_size", &d, 0, "mig_devices", (int)j) == 0) m->placement_size = (int)d;
+            m->placement_start = -1;
+            if (get_num(jm, "placement_start", &d, 0, "mig_devices", (int)j) == 0) m->placement_start = (int)d;
         }
         gp->n_mig = (int)migs->len;
+        place_mig_devices(gp);
     }
     return 0;
 }
@@ -825,7 +957,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, int *brand) {
     nvmlReturn_t r = check(d, 1);
     if (r) return r;
     if (!brand) return NVML_ERROR_INVALID_ARGUMENT;
-    *brand = strstr(GPU(d)->name, "Tesla") ? 2 : 13; /* NVML_BRAND_TESLA, NVML_BRAND_NVIDIA */
+    *brand = GPU(d)->brand;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t d, unsigned int *arch) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!arch) return NVML_ERROR_INVALID_ARGUMENT;
+    *arch = GPU(d)->arch;
     return NVML_SUCCESS;
 }
 
@@ -892,6 +1032,46 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int 
     if (!id) return NVML_ERROR_INVALID_ARGUMENT;
     if (!IS_MIG(d)) return NVML_ERROR_NOT_SUPPORTED;
     *id = MIG(d)->ci;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t d, unsigned int id, nvmlGpuInstance_t *gi) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!gi || IS_MIG(d)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!GPU(d)->mig_capable || !GPU(d)->mig_enabled) return NVML_ERROR_NOT_SUPPORTED;
+    for (int j = 0; j < GPU(d)->n_mig; j++) {
+        sim_mig *m = &GPU(d)->mig[j];
+        if (m->gi != id) continue;
+        if (m->gi_profile_id < 0) return NVML_ERROR_NOT_SUPPORTED; /* a size without a known profile */
+        *gi = &m->gi_handle;
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+typedef struct {
+    unsigned int start, size;
+} nvmlGpuInstancePlacement_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id, profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gi, nvmlGpuInstanceInfo_t *info) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!gi || !info || gi->magic != GI_MAGIC || gi->gpu < 0 || gi->gpu >= g.n || gi->mig < 0 ||
+        gi->mig >= g.gpus[gi->gpu].n_mig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpu_lost(gi->gpu)) return NVML_ERROR_GPU_IS_LOST;
+    const sim_mig *m = &g.gpus[gi->gpu].mig[gi->mig];
+    info->device = &g.gpus[gi->gpu].h;
+    info->id = m->gi;
+    info->profileId = (unsigned)m->gi_profile_id;
+    info->placement.start = (unsigned)m->placement_start;
+    info->placement.size = (unsigned)m->placement_size;
     return NVML_SUCCESS;
 }
 

@@ -44,6 +44,8 @@ def driver_root(root: Path) -> Path:
 
 
 def doctor(env: dict[str, str], *args: str) -> tuple[int, dict[str, Any]]:
+    # These are device-plugin nodes: a DRA plugin registered on this machine's own kubelet must not count.
+    env = {"KUBELET_REGISTRAR_DIR": "/nonexistent/nvdp-test-plugins-registry", **env}
     done = subprocess.run(
         [sys.executable, "-m", "nvdp.cli", "doctor", "--json", *args],
         env=env,

@@ -1,4 +1,4 @@
-"""The committed device-plugin API modules must be what deviceplugin.proto generates today."""
+"""The committed gRPC API modules must be what their .protos generate today."""
 
 from __future__ import annotations
 
@@ -7,28 +7,47 @@ from pathlib import Path
 import generate_api as generate
 import pytest
 
+from nvdp.dra.api import dra_v1_pb2 as dra_v1
+from nvdp.dra.api import dra_v1beta1_pb2 as dra_v1beta1
+from nvdp.dra.api import pluginregistration_v1_pb2 as reg
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 
 
-def test_committed_modules_match_the_proto(tmp_path: Path) -> None:
+def test_committed_modules_match_the_protos(tmp_path: Path) -> None:
     if generate.installed_grpc_tools_version() != generate.GRPC_TOOLS_VERSION:
         pytest.fail(
             f"grpcio-tools {generate.installed_grpc_tools_version()} installed; the staleness check needs "
             f"{generate.GRPC_TOOLS_VERSION}"
         )
     written = generate.generate(tmp_path)
+    names = {fresh.relative_to(tmp_path).as_posix() for fresh in written}
+    # Every proto of both API folders is covered, the DRA ones included.
+    for folder, protos in generate.APIS.items():
+        for proto in protos:
+            assert {f"{folder}/{name}" for name in generate.generated_names(proto)} <= names
+    assert "dra/api/dra_v1beta1_pb2_grpc.py" in names
     for fresh in written:
-        committed = generate.API_DIR / fresh.name
+        committed = generate.PACKAGE_DIR / fresh.relative_to(tmp_path)
         assert committed.exists(), f"{committed} is missing; run: python scripts/generate_api.py"
         assert committed.read_text() == fresh.read_text(), (
-            f"{committed.name} is stale; run: python scripts/generate_api.py"
+            f"{committed} is stale; run: python scripts/generate_api.py"
         )
 
 
-def test_grpc_module_imports_its_messages_relatively() -> None:
-    text = (generate.API_DIR / "deviceplugin_pb2_grpc.py").read_text()
-    assert "from . import deviceplugin_pb2 as deviceplugin__pb2" in text
-    assert "\nimport deviceplugin_pb2" not in text
+@pytest.mark.parametrize(
+    ("folder", "module"),
+    [
+        ("plugin/api", "deviceplugin_pb2"),
+        ("dra/api", "dra_v1_pb2"),
+        ("dra/api", "dra_v1beta1_pb2"),
+        ("dra/api", "pluginregistration_v1_pb2"),
+    ],
+)
+def test_grpc_module_imports_its_messages_relatively(folder: str, module: str) -> None:
+    text = (generate.PACKAGE_DIR / folder / f"{module}_grpc.py").read_text()
+    alias = module.replace("_", "__")
+    assert f"from . import {module} as {alias}" in text
+    assert f"\nimport {module}" not in text
 
 
 def _field_numbers(message: type) -> dict[str, int]:
@@ -78,3 +97,26 @@ def test_wire_layout_matches_the_kubelet_api() -> None:
             "PreStartContainer",
         ],
     }
+
+
+def test_dra_wire_layout_matches_the_kubelet_api() -> None:
+    assert dra_v1.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1"
+    assert dra_v1beta1.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1beta1"
+    for api in (dra_v1, dra_v1beta1):
+        assert _field_numbers(api.Claim) == {"namespace": 1, "uid": 2, "name": 3}
+        assert _field_numbers(api.NodePrepareResourcesRequest) == {"claims": 1}
+        assert _field_numbers(api.NodePrepareResourceResponse) == {"devices": 1, "error": 2}
+        assert _field_numbers(api.NodeUnprepareResourceResponse) == {"error": 1}
+        services = {s.name: [m.name for m in s.methods] for s in api.DESCRIPTOR.services_by_name.values()}
+        assert services == {"DRAPlugin": ["NodePrepareResources", "NodeUnprepareResources"]}
+    device = {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4}
+    assert _field_numbers(dra_v1beta1.Device) == device
+    assert _field_numbers(dra_v1.Device) == {**device, "share_id": 5}
+
+
+def test_registration_wire_layout_matches_the_kubelet_api() -> None:
+    assert reg.DESCRIPTOR.package == "pluginregistration"
+    assert _field_numbers(reg.PluginInfo) == {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
+    assert _field_numbers(reg.RegistrationStatus) == {"plugin_registered": 1, "error": 2}
+    services = {s.name: [m.name for m in s.methods] for s in reg.DESCRIPTOR.services_by_name.values()}
+    assert services == {"Registration": ["GetInfo", "NotifyRegistrationStatus"]}

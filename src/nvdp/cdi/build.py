@@ -36,8 +36,9 @@ from nvdp.plan.model import Plan
 
 CLASS_ORDER = ("gpu", "imex-channel", *GATED_MODES)
 ALL_DEVICE = "all"
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 # A legacy nvidia runtime hook then injects nothing a second time.
-VISIBLE_DEVICES_VOID = "NVIDIA_VISIBLE_DEVICES=void"
+VISIBLE_DEVICES_VOID = f"{VISIBLE_DEVICES_ENV}=void"
 LIBCUDA_DIR_ENV = "NVIDIA_CTK_LIBCUDA_DIR"
 
 
@@ -70,7 +71,7 @@ class SpecSet(Struct, frozen=True):
             others = [d.container_edits for name, d in devices.items() if name != ALL_DEVICE]
             if ALL_DEVICE in devices and others:  # `all` covers the devices of both
                 devices[ALL_DEVICE] = Device(name=ALL_DEVICE, container_edits=ed.join(*others))
-            specs[new.cls] = _finish(new.kind, devices.values(), new.container_edits)
+            specs[new.cls] = finish_spec(new.kind, devices.values(), new.container_edits)
         return SpecSet(tuple(sorted(specs.values(), key=lambda s: _class_rank(s.cls))))
 
 
@@ -78,7 +79,7 @@ def _class_rank(cls: str) -> tuple[int, str]:
     return (CLASS_ORDER.index(cls) if cls in CLASS_ORDER else len(CLASS_ORDER), cls)
 
 
-def _finish(kind: str, devices: Iterable[Device], common: ContainerEdits) -> Spec:
+def finish_spec(kind: str, devices: Iterable[Device], common: ContainerEdits) -> Spec:
     """A valid spec: simplified, devices sorted by name, the minimum version; CdiError if invalid."""
     common = ed.tidy(common)
     simplified = (
@@ -93,8 +94,8 @@ def _finish(kind: str, devices: Iterable[Device], common: ContainerEdits) -> Spe
     return spec
 
 
-class _Builder:
-    """The gpu spec's parts, with the settings every part needs."""
+class SpecBuilder:
+    """The gpu spec's parts, with the settings every part needs (the per-claim specs use them too)."""
 
     def __init__(self, config: Config, inventory: Inventory, facts: HostFacts) -> None:
         plugin = config.flags.plugin
@@ -175,7 +176,8 @@ class _Builder:
 
     # --- common edits --------------------------------------------------------------------------------
 
-    def common(self) -> ContainerEdits:
+    def common(self, visible_devices: str = "void") -> ContainerEdits:
+        """The driver's edits every device needs, with NVIDIA_VISIBLE_DEVICES=`visible_devices`."""
         facts = self.facts
         version = facts.driver_version
         # The allocator is among the versioned libraries already; NVIDIA leaves its graphics copy out.
@@ -199,7 +201,8 @@ class _Builder:
         return ed.join(
             ed.node_edits(facts.control_nodes, self.gids),
             ContainerEdits(
-                env=(f"{LIBCUDA_DIR_ENV}={':'.join(facts.lib_dirs)}", VISIBLE_DEVICES_VOID),
+                env=(f"{LIBCUDA_DIR_ENV}={':'.join(facts.lib_dirs)}",
+                     f"{VISIBLE_DEVICES_ENV}={visible_devices}"),
                 mounts=(*ed.mounts([*files, *extra]), *ed.mounts(facts.ipc, ed.IPC_MOUNT_OPTIONS)),
                 hooks=hooks,
             ),
@@ -217,7 +220,7 @@ class _Builder:
             node = self.facts.imex_channels[channel]
             edits = ContainerEdits(device_nodes=(DeviceNode(path=node.path, host_path=node.host_path),))
             devices.append(Device(name=str(channel), container_edits=edits))
-        return _finish(kind_of("imex-channel"), devices, ContainerEdits())
+        return finish_spec(kind_of("imex-channel"), devices, ContainerEdits())
 
     def gated(self, mode: str) -> Spec | None:
         files = self.facts.gated.get(mode)
@@ -225,8 +228,8 @@ class _Builder:
             return None
         mounts = ContainerEdits(mounts=ed.mounts(files.mounts))
         edits = ed.join(ed.node_edits(files.nodes, self.gids), mounts)
-        return _finish(kind_of(mode), [Device(name=ALL_DEVICE, container_edits=edits)],
-                       ContainerEdits(env=(VISIBLE_DEVICES_VOID,)))
+        return finish_spec(kind_of(mode), [Device(name=ALL_DEVICE, container_edits=edits)],
+                           ContainerEdits(env=(VISIBLE_DEVICES_VOID,)))
 
 
 def _library_folders(libs: Iterable[Library]) -> list[str]:
@@ -244,11 +247,11 @@ def _is_library_name(path: str) -> bool:
 
 def build_specs(config: Config, inventory: Inventory, plan: Plan, facts: HostFacts) -> SpecSet:
     """This node's specs (CdiError when one would be invalid, naming the device and the fix)."""
-    builder = _Builder(config, inventory, facts)
+    builder = SpecBuilder(config, inventory, facts)
     specs: list[Spec] = []
     devices = builder.devices(plan)
     if devices:
-        specs.append(_finish(kind_of("gpu"), devices, builder.common()))
+        specs.append(finish_spec(kind_of("gpu"), devices, builder.common()))
     imex = builder.imex()
     if imex is not None:
         specs.append(imex)

@@ -4,6 +4,9 @@ The edge that touches /var/run/cdi. Container runtimes watch that folder and rea
 a file is replaced by rename (never seen half-written) and left alone when its bytes are the same.
 A class that is no longer in the set (IMEX channels turned off, say) has its file removed; files of
 other vendors, and other file kinds, are never touched.
+
+In DRA mode each prepared claim has a transient spec of its own (`nvdp.cdi.claim`), written at
+prepare and removed at unprepare: `k8s.gpu.nvidia.com-claim_<claim uid>.json`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import tempfile
 from msgspec import Struct
 
 from nvdp.cdi.build import SpecSet
+from nvdp.cdi.claim import CLAIM_CLASS, CLAIM_KIND, CLAIM_VENDOR
 from nvdp.cdi.errors import CdiError
 from nvdp.cdi.spec import VENDOR, Spec, encode
 
@@ -136,3 +140,45 @@ def write_specs(specs: SpecSet, directory: str = CDI_DIR) -> WriteResult:
             raise _refused("remove the stale spec", path, err, directory) from None
         removed.append(path)
     return WriteResult(tuple(written), tuple(unchanged), tuple(removed))
+
+
+# --- per-claim specs (DRA) -------------------------------------------------------------------------------
+
+_CLAIM_PREFIX = f"{CLAIM_VENDOR}-{CLAIM_CLASS}_"
+
+
+def claim_spec_path(directory: str, claim_uid: str) -> str:
+    """`<dir>/k8s.gpu.nvidia.com-claim_<uid>.json`: CDI's GenerateTransientSpecName ('/' becomes '_')."""
+    return posixpath.join(directory, f"{_CLAIM_PREFIX}{claim_uid.replace('/', '_')}{SUFFIX}")
+
+
+def write_claim_spec(directory: str, spec: Spec, claim_uid: str) -> None:
+    """Write a claim's spec (`nvdp.cdi.claim.claim_spec`) into `directory`, made 0755 when missing.
+    CdiError names the path and the fix; ValueError when `spec` is not a claim spec."""
+    if spec.kind != CLAIM_KIND:
+        raise ValueError(f"a claim spec has kind {CLAIM_KIND}, not {spec.kind}")
+    _make_dir(directory)
+    write_file(encode(spec), claim_spec_path(directory, claim_uid))
+
+
+def remove_claim_spec(directory: str, claim_uid: str) -> bool:
+    """Remove a claim's spec; False when there was none. CdiError names the path and the fix."""
+    path = claim_spec_path(directory, claim_uid)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        raise _refused("remove the claim spec", path, err, directory) from None
+    return True
+
+
+def claim_spec_uids(directory: str) -> frozenset[str]:
+    """The claim uids that have a spec file in `directory` (none when it cannot be listed)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return frozenset()
+    return frozenset(n[len(_CLAIM_PREFIX):-len(SUFFIX)] for n in names
+                     if n.startswith(_CLAIM_PREFIX) and n.endswith(SUFFIX)
+                     and len(n) > len(_CLAIM_PREFIX + SUFFIX))

@@ -19,6 +19,7 @@ from nvdp.config.model import Config
 from nvdp.doctor.api import LabelRead
 from nvdp.doctor.bounded import TimedOut, checked, checked_all, within
 from nvdp.doctor.cdi_check import CdiChecks
+from nvdp.doctor.dra_check import DraChecks
 from nvdp.doctor.kubelet_check import KubeletChecks
 from nvdp.doctor.mps_check import MpsChecks
 from nvdp.doctor.report import Finding, failed, passed, skipped
@@ -58,7 +59,7 @@ def _pci_bus(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}" if rest else bus_id.lower()
 
 
-class Doctor(KubeletChecks, MpsChecks, CdiChecks):
+class Doctor(KubeletChecks, MpsChecks, CdiChecks, DraChecks):
     def __init__(
         self,
         where: Where,
@@ -96,6 +97,8 @@ class Doctor(KubeletChecks, MpsChecks, CdiChecks):
             checked("config", "the config validates", self.config_check, limit),
         ]
         findings += checked_all("cdi", "the CDI specs and hook", self.cdi, limit)  # CDI strategies only
+        # DRA nodes only; two gRPC calls and one API read, each bounded.
+        findings += checked_all("dra", "the DRA kubelet plugin", self.dra, 2 * limit)
         findings += checked_all("mps", "the MPS control daemon answers", self.mps, 2 * limit)
         findings.append(checked("mig", "MIG monitoring permissions", self.mig, limit))
         return findings

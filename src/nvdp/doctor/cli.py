@@ -141,6 +141,8 @@ def doctor_command(args: argparse.Namespace) -> int:
         node_labels=labels,
         timeout=args.check_timeout,
     )
-    findings = Doctor(where, config, error, chosen, read).run()
+    doctor = Doctor(where, config, error, chosen, read)
+    doctor.dra_kubeconfig = getattr(args, "kubeconfig", None)
+    findings = doctor.run()
     sys.stdout.write(as_json(findings) if args.json else as_text(findings))
     return 0 if healthy(findings) else EXIT_FAILED

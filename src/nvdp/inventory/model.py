@@ -39,6 +39,10 @@ class MigDevice(Struct, frozen=True):
     ci_id: int
     memory_bytes: int
     attributes: MigAttributes | None = None  # None: not read (NVML without the call)
+    # The GPU instance behind the device (nvmlGpuInstanceGetInfo); None: not read.
+    gi_profile_id: int | None = None  # the GI profile id `nvidia-smi mig -lgip` lists (19 for 1g.10gb)
+    placement_start: int | None = None  # first memory slice of the instance
+    placement_size: int | None = None  # memory slices it spans
 
     @property
     def index_id(self) -> str:
@@ -65,6 +69,9 @@ class Gpu(Struct, frozen=True):
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
     fabric: Fabric | None = None  # None: not attached to an NVLink fabric (or not read)
+    brand: str = ""  # "Tesla", "Nvidia", ... as go-nvlib's GetBrandAsString names it; "": not read
+    architecture: str = ""  # "Turing", "Hopper", ... as go-nvlib's GetArchitectureAsString; "": unknown
+    pcie_root: str | None = None  # PCIe root complex from sysfs, "pci0000:16"; None: not known
 
 
 class Link(Struct, frozen=True):

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
+import re
 import threading
 from pathlib import Path
 from types import TracebackType
@@ -17,12 +19,16 @@ from uuid import UUID
 
 import pynvml
 
+from nvdp.inventory.facts import architecture_from_cc, architecture_name, brand_name
 from nvdp.inventory.library import LIBRARY_NAME, candidate_paths, find_library
 from nvdp.inventory.model import Fabric, Gpu, Inventory, Link, LostGpu, MigAttributes, MigDevice
 
 # Where the host's /sys is (default /sys); the stand-in node points it at a tree of its own.
 SYSFS_ROOT_ENV = "NVDP_SYSFS_ROOT"
 _load_lock = threading.Lock()
+_PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+# Calls a driver may lack or refuse for a device; the fact then keeps its default.
+_ABSENT = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 _FIX_RUNTIME = (
     "Fix: run the plugin with the NVIDIA container runtime (`runtimeClassName: nvidia`, chart value "
     "runtimeClassName), or make `nvidia` the default runtime of containerd/docker. If this is not a GPU "
@@ -192,12 +198,13 @@ def _read_gpu(index: int, uuid: str, handle: Any) -> Gpu:
     major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
     bus_id = _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
     mig_capable, mig_enabled = _mig_mode(handle)
+    cc = (int(major), int(minor))
     return Gpu(
         index=index,
         uuid=uuid,
         name=_text(pynvml.nvmlDeviceGetName(handle)),
         memory_bytes=int(memory.total),
-        compute_capability=(int(major), int(minor)),
+        compute_capability=cc,
         minor=int(pynvml.nvmlDeviceGetMinorNumber(handle)),
         pci_bus_id=bus_id,
         numa_node=numa_node(bus_id),
@@ -205,7 +212,32 @@ def _read_gpu(index: int, uuid: str, handle: Any) -> Gpu:
         mig_enabled=mig_enabled,
         mig_devices=_read_mig_devices(index, uuid, handle) if mig_enabled else (),
         fabric=_fabric(handle),
+        brand=_brand(handle),
+        architecture=_architecture(handle, cc),
+        pcie_root=pcie_root(bus_id),
     )
+
+
+def _brand(handle: Any) -> str:
+    """go-nvlib's GetBrandAsString name of the GPU's brand; "" when NVML cannot tell."""
+    try:
+        return brand_name(int(pynvml.nvmlDeviceGetBrand(handle)))
+    except pynvml.NVMLError as e:
+        if e.value in _ABSENT:
+            return ""
+        raise
+
+
+def _architecture(handle: Any, cc: tuple[int, int]) -> str:
+    """go-nvlib's GetArchitectureAsString name; from the compute capability on drivers without the call."""
+    try:
+        return architecture_name(int(pynvml.nvmlDeviceGetArchitecture(handle)))
+    except pynvml.NVMLError as e:
+        if e.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            return architecture_from_cc(cc)
+        if e.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            return ""
+        raise
 
 
 def _fabric(handle: Any) -> Fabric | None:
@@ -250,6 +282,8 @@ def _read_mig_devices(parent_index: int, parent_uuid: str, handle: Any) -> tuple
                 continue  # an empty slot: MIG devices need not be numbered densely
             raise
         name = _text(pynvml.nvmlDeviceGetName(mig))
+        gi_id = int(pynvml.nvmlDeviceGetGpuInstanceId(mig))
+        gi_profile_id, placement_start, placement_size = _gpu_instance(handle, gi_id)
         devices.append(
             MigDevice(
                 uuid=_text(pynvml.nvmlDeviceGetUUID(mig)),
@@ -257,13 +291,28 @@ def _read_mig_devices(parent_index: int, parent_uuid: str, handle: Any) -> tuple
                 parent_uuid=parent_uuid,
                 parent_index=parent_index,
                 profile=mig_profile_from_name(name),
-                gi_id=int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
+                gi_id=gi_id,
                 ci_id=int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
                 memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(mig).total),
                 attributes=_mig_attributes(mig),
+                gi_profile_id=gi_profile_id,
+                placement_start=placement_start,
+                placement_size=placement_size,
             )
         )
     return tuple(devices)
+
+
+def _gpu_instance(parent: Any, gi_id: int) -> tuple[int | None, int | None, int | None]:
+    """GI profile id, placement start and size of a GPU instance; all None when NVML does not tell
+    (no permission to read GPU instances, or a driver without the calls)."""
+    try:
+        info = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(parent, gi_id))
+    except pynvml.NVMLError as e:
+        if e.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise
+        return None, None, None
+    return int(info.profileId), int(info.placement.start), int(info.placement.size)
 
 
 def _mig_attributes(mig: Any) -> MigAttributes | None:
@@ -307,6 +356,24 @@ def numa_node(bus_id: str, sysfs_root: str | None = None) -> int | None:
     except (OSError, ValueError):
         return None
     return node if node >= 0 else None
+
+
+def pcie_root(bus_id: str, sysfs_root: str | None = None) -> str | None:
+    """The PCIe root complex ("pci0000:16") of a PCI device: the first part of the /sys/devices path its
+    /sys/bus/pci/devices link points to, as Kubernetes' deviceattribute package reads it; None if unknown."""
+    root = sysfs_root if sysfs_root is not None else os.environ.get(SYSFS_ROOT_ENV, "/sys")
+    domain, _, rest = bus_id.partition(":")
+    address = f"{domain[-4:]}:{rest}".lower()
+    try:
+        target = os.readlink(Path(root) / "bus/pci/devices" / address)
+    except OSError:
+        return None
+    # relative (as the kernel writes it) from bus/pci/devices, or absolute
+    parts = Path(os.path.normpath(Path("bus/pci/devices") / target)).parts
+    if parts[-1] != address:
+        return None
+    pairs = itertools.pairwise(parts[:-1])  # the device itself is never the root
+    return next((nxt for part, nxt in pairs if part == "devices" and _PCIE_ROOT.match(nxt)), None)
 
 
 def _read_links(gpus: list[Gpu], handles: dict[int, Any]) -> tuple[Link, ...]:

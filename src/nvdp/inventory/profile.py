@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import yaml
+from msgspec.structs import replace
 
+from nvdp.inventory.facts import (
+    ARCHITECTURES,
+    BRANDS,
+    MEMORY_SLICES,
+    architecture_from_cc,
+    default_brand,
+    default_gi_profile_id,
+    mig_memory_slices,
+    pack_placements,
+)
 from nvdp.inventory.model import TOPOLOGY_LEVELS, Fabric, Gpu, Inventory, Link, MigAttributes, MigDevice
 
 MIB = 1024 * 1024
@@ -27,10 +38,14 @@ _TOP_FIELDS = {"description", "driver_version", "cuda_driver_version", "gpus", "
 _GPU_FIELDS = {
     "index", "uuid", "name", "memory_mib", "compute_capability", "minor", "pci_bus_id", "numa_node",
     "mig_capable", "mig_enabled", "mig_pending", "mig_devices", "compute_mode", "xid_events", "fabric",
+    "brand", "architecture", "pcie_root",
 }  # fmt: skip
 _FABRIC_FIELDS = {"cluster_uuid", "clique_id", "state"}
 _FABRIC_STATES = ("not_started", "in_progress", "completed")
-_MIG_FIELDS = {"uuid", "profile", "gi_id", "ci_id", "memory_mib"}
+_MIG_FIELDS = {
+    "uuid", "profile", "gi_id", "ci_id", "memory_mib", "gi_profile_id", "placement_start", "placement_size",
+}  # fmt: skip
+_PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 _VERSION = re.compile(r"^\d+\.\d+$")
 # Suffixes as NVML names them: "+me" (A100/H100), Blackwell's "-me", "+me.all" and "+gfx".
 _MIG_PROFILE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb([+-][a-z0-9]+(\.[a-z0-9]+)*)*$")
@@ -122,22 +137,94 @@ def _gpu(raw: object, i: int) -> Gpu:
     if len(raw_migs) > MAX_MIG_DEVICES:
         raise ProfileError(f"{where}.mig_devices: at most {MAX_MIG_DEVICES} per GPU, got {len(raw_migs)}")
     major, minor = (int(x) for x in cc.split("."))
+    name = _str(raw, "name", where)
+    memory_mib = _positive(raw, "memory_mib", where)
+    migs = tuple(
+        _mig(m, j, index, uuid, f"{where}.mig_devices[{j}]") for j, m in enumerate(raw_migs)
+    )
     return Gpu(
         index=index,
         uuid=uuid,
-        name=_str(raw, "name", where),
-        memory_bytes=_positive(raw, "memory_mib", where) * MIB,
+        name=name,
+        memory_bytes=memory_mib * MIB,
         compute_capability=(major, minor),
         minor=_int(raw, "minor", where),
         pci_bus_id=bus_id,
         numa_node=numa,
         mig_capable=mig_capable,
         mig_enabled=mig_enabled,
-        mig_devices=tuple(
-            _mig(m, j, index, uuid, f"{where}.mig_devices[{j}]") for j, m in enumerate(raw_migs)
-        ),
+        mig_devices=_place(migs, raw_migs, memory_mib, where),
         fabric=_fabric(raw.get("fabric"), f"{where}.fabric"),
+        brand=_choice(raw, "brand", where, BRANDS.values(), default_brand(name)),
+        architecture=_choice(
+            raw, "architecture", where, ARCHITECTURES.values(), architecture_from_cc((major, minor))
+        ),
+        pcie_root=_pcie_root(raw.get("pcie_root"), where),
     )
+
+
+def _choice(raw: Mapping[str, Any], key: str, where: str, known: Iterable[str], default: str) -> str:
+    value = raw.get(key, default)
+    names = list(known)
+    if value not in names:
+        raise ProfileError(f"{_field(where, key)}: expected one of {', '.join(names)}, got {value!r}")
+    return str(value)
+
+
+def _pcie_root(value: object, where: str) -> str | None:
+    if value is None or (isinstance(value, str) and _PCIE_ROOT.match(value)):
+        return value
+    raise ProfileError(
+        f"{where}.pcie_root: expected a PCIe root complex like 'pci0000:16' or null, got {value!r}"
+    )
+
+
+def _place(
+    migs: tuple[MigDevice, ...], raw_migs: list[Any], memory_mib: int, where: str
+) -> tuple[MigDevice, ...]:
+    """Fill in each MIG device's GPU instance facts: as given, else NVIDIA's GI profile id for the profile
+    and a placement packed around the given ones (sim/nvml/README.md). Compute instances of one GPU
+    instance (same gi_id) share its facts."""
+    ids: dict[int, int | None] = {}
+    sizes: dict[int, int | None] = {}
+    starts: dict[int, int] = {}
+    for m, raw in zip(migs, raw_migs, strict=True):
+        at = f"{where}.mig_devices[{m.index}]"
+        if m.gi_id in ids:
+            continue  # another compute instance of a GPU instance already seen
+        given_id = _optional_int(raw, "gi_profile_id", at)
+        gi_profile = given_id if given_id is not None else default_gi_profile_id(m.profile, memory_mib)
+        size = _optional_int(raw, "placement_size", at)
+        if size is not None and not 0 < size <= MEMORY_SLICES:
+            raise ProfileError(f"{at}.placement_size: expected 1..{MEMORY_SLICES} memory slices, got {size}")
+        size = size or mig_memory_slices(m.profile, memory_mib) or 1
+        start = _optional_int(raw, "placement_start", at)
+        if gi_profile is None and (start is not None or raw.get("placement_size") is not None):
+            raise ProfileError(f"{at}: a placement needs gi_profile_id too (none is known for {m.profile!r})")
+        ids[m.gi_id] = gi_profile
+        sizes[m.gi_id] = size if gi_profile is not None else None
+        if start is not None:
+            _no_overlap(starts, sizes, m.gi_id, start, at)
+            starts[m.gi_id] = start
+    pending = [gi for gi, size in sizes.items() if size is not None and gi not in starts]
+    taken = [(starts[gi], sizes[gi] or 1) for gi in starts]
+    starts.update(zip(pending, pack_placements([sizes[gi] or 1 for gi in pending], taken), strict=True))
+    return tuple(
+        m if ids[m.gi_id] is None else
+        replace(m, gi_profile_id=ids[m.gi_id], placement_start=starts[m.gi_id], placement_size=sizes[m.gi_id])
+        for m in migs
+    )  # fmt: skip
+
+
+def _no_overlap(starts: dict[int, int], sizes: dict[int, int | None], gi: int, start: int, at: str) -> None:
+    size = sizes[gi] or 1
+    for other, begin in starts.items():
+        end = begin + (sizes[other] or 1)
+        if other != gi and start < end and begin < start + size:
+            raise ProfileError(
+                f"{at}.placement_start: slices {start}..{start + size - 1} overlap GPU instance {other} "
+                f"(slices {begin}..{end - 1}); give each GPU instance its own slices"
+            )
 
 
 def _fabric(raw: object, where: str) -> Fabric | None:
@@ -338,6 +425,10 @@ def _int(raw: Mapping[str, Any], key: str, where: str) -> int:
             f"a non-negative integer, got {_kind(value)}"
         )
     return value
+
+
+def _optional_int(raw: Mapping[str, Any], key: str, where: str) -> int | None:
+    return None if raw.get(key) is None else _int(raw, key, where)
 
 
 def _positive(raw: Mapping[str, Any], key: str, where: str) -> int:

@@ -5,23 +5,46 @@ Node's labels; `EventRecorder` records Events on it; `patch_node_labels` sets or
 labels. Everything above this package sees plain dicts and strings, never client objects.
 """
 
+from lightkube import Client as KubeClient
+
+from nvdp.kube.claims import get_claim, list_claims
 from nvdp.kube.connect import KubeConnectError, connect
 from nvdp.kube.errors import ApiFailure, classify, server_address
 from nvdp.kube.events import EventRecorder
 from nvdp.kube.node import NodeLabels, get_configmap_data, get_node_labels, patch_node_labels
-from nvdp.kube.watch import Backoff, NodeWatcher
+from nvdp.kube.slices import (
+    SliceEvent,
+    SliceWatcher,
+    create_slice,
+    delete_slice,
+    get_node_uid,
+    list_slices,
+    replace_slice,
+)
+from nvdp.kube.watch import Backoff, ListWatch, NodeWatcher
 
 __all__ = [
     "ApiFailure",
     "Backoff",
     "EventRecorder",
+    "KubeClient",
     "KubeConnectError",
+    "ListWatch",
     "NodeLabels",
     "NodeWatcher",
+    "SliceEvent",
+    "SliceWatcher",
     "classify",
     "connect",
+    "create_slice",
+    "delete_slice",
+    "get_claim",
     "get_configmap_data",
     "get_node_labels",
+    "get_node_uid",
+    "list_claims",
+    "list_slices",
     "patch_node_labels",
+    "replace_slice",
     "server_address",
 ]

@@ -1,4 +1,5 @@
-"""Follow one Node's labels: list it by name, watch it from there, and start over after any failure.
+"""Follow one Node's labels (and, through `ListWatch`, other objects): list, watch from there, and start
+over after any failure.
 
 Both requests select the one Node by name (field selector `metadata.name`), so the API server
 answers from its watch cache: no list of all Nodes. The watch starts at the list's resourceVersion
@@ -67,33 +68,36 @@ def describe_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-class NodeWatcher:
-    """Calls `on_change(labels)` with the Node's current labels, then after every change.
+class ListWatch:
+    """The list-then-watch loop shared by the watchers: `_list()` delivers the current state and returns
+    the list's resourceVersion, `_watch()` follows the changes from there; any failure starts over.
 
-    Owns `client`, and closes it from its own thread when it ends: closed from another thread while a
-    watch read is blocked, the read's connection stays open in the kernel, and when the next event
-    wakes it the TLS close goes out on the file descriptor number, by then another connection's (seen
-    as "wrong version number" on that one). So `stop()` returns at once and the thread ends at the
-    next event or server-side timeout; it is a daemon thread and never calls `on_change` again.
+    Owns `client` when `owns_client` (the default), and closes it from its own thread when it ends:
+    closed from another thread while a watch read is blocked, the read's connection stays open in the
+    kernel, and when the next event wakes it the TLS close goes out on the file descriptor number, by
+    then another connection's (seen as "wrong version number" on that one). So `stop()` returns at
+    once and the thread ends at the next event or server-side timeout; it is a daemon thread and never
+    delivers again.
     """
 
-    def __init__(self, client: Client, node_name: str, on_change: Callable[[NodeLabels], None], *,
-                 backoff: Backoff | None = None,
-                 watch_timeout_range_s: tuple[int, int] = WATCH_TIMEOUT_RANGE_S) -> None:
-        self.node_name = node_name
+    def __init__(self, client: Client, what: str, *, backoff: Backoff | None = None,
+                 watch_timeout_range_s: tuple[int, int] = WATCH_TIMEOUT_RANGE_S, owns_client: bool = True,
+                 keeping: str = "keeping the current state") -> None:
         self._client = client
-        self._on_change = on_change
+        self._what = what  # "node gpu-1": how log lines name what is watched
+        self._keeping = keeping  # what the daemon does meanwhile, for the failure log line
+        self._owns_client = owns_client
         self._backoff = backoff or Backoff()
         self._timeout_range = watch_timeout_range_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last: NodeLabels | None = None
         self._stopped = False
         self.connected = threading.Event()
         self.failures = 0
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name=f"node-watch-{self.node_name}", daemon=True)
+        name = "watch-" + self._what.replace(" ", "-")
+        self._thread = threading.Thread(target=self.run, name=name, daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 0.5) -> None:
@@ -101,28 +105,31 @@ class NodeWatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        elif not self._stopped:
+        elif not self._stopped and self._owns_client:
             self._client.close()  # never started: nothing reads from it
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
 
     def run(self) -> None:
         try:
             self._run()
         finally:
             self._stopped = True
-            self._client.close()
+            if self._owns_client:
+                self._client.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
             try:
-                node, list_version = list_node(self._client, self.node_name)
-                self._deliver(node)
+                list_version = self._list()
                 self.connected.set()
                 if self.failures:
-                    log.info("node %s: watching again after %d failed attempt(s)",
-                             self.node_name, self.failures)
+                    log.info("%s: watching again after %d failed attempt(s)", self._what, self.failures)
                     self.failures = 0
-                self._watch(list_version)
+                self._watch(list_version, random.randint(*self._timeout_range))
             except Exception as err:  # any failure: keep the last state, retry later
                 if self._stop.is_set():
                     return
@@ -130,21 +137,48 @@ class NodeWatcher:
                 if healthy:
                     self._backoff.reset()
                 if healthy and isinstance(err, ApiError) and err.status.code == 410:
-                    log.debug("node %s: watch cycle ended (%s); listing again", self.node_name,
-                              describe_error(err))
+                    log.debug("%s: watch cycle ended (%s); listing again", self._what, describe_error(err))
                     continue
                 self.connected.clear()
                 self.failures += 1
                 delay = self._backoff.next()
                 level = logging.WARNING if self.failures == 1 or self.failures % 10 == 0 else logging.DEBUG
-                log.log(level, "node %s: %s; keeping the current config, retrying in %.1f s (attempt %d)",
-                        self.node_name, describe_error(err), delay, self.failures)
+                log.log(level, "%s: %s; %s, retrying in %.1f s (attempt %d)", self._what,
+                        describe_error(err), self._keeping, delay, self.failures)
                 self._stop.wait(delay)
 
-    def _watch(self, resource_version: str) -> None:
-        timeout = random.randint(*self._timeout_range)
+    def _list(self) -> str:
+        """List, deliver what was found, and return the list's resourceVersion."""
+        raise NotImplementedError
+
+    def _watch(self, resource_version: str, server_timeout_s: int) -> None:
+        """Watch from `resource_version` and deliver each event until the watch ends or `stop()`."""
+        raise NotImplementedError
+
+
+class NodeWatcher(ListWatch):
+    """Calls `on_change(labels)` with the Node's current labels, then after every change.
+
+    Owns `client` (see `ListWatch`).
+    """
+
+    def __init__(self, client: Client, node_name: str, on_change: Callable[[NodeLabels], None], *,
+                 backoff: Backoff | None = None,
+                 watch_timeout_range_s: tuple[int, int] = WATCH_TIMEOUT_RANGE_S) -> None:
+        super().__init__(client, f"node {node_name}", backoff=backoff,
+                         watch_timeout_range_s=watch_timeout_range_s, keeping="keeping the current config")
+        self.node_name = node_name
+        self._on_change = on_change
+        self._last: NodeLabels | None = None
+
+    def _list(self) -> str:
+        node, list_version = list_node(self._client, self.node_name)
+        self._deliver(node)
+        return list_version
+
+    def _watch(self, resource_version: str, server_timeout_s: int) -> None:
         events = self._client.watch(Node, fields={"metadata.name": self.node_name},
-                                    resource_version=resource_version, server_timeout=timeout)
+                                    resource_version=resource_version, server_timeout=server_timeout_s)
         for kind, obj in events:
             if self._stop.is_set():
                 return

@@ -1,0 +1,86 @@
+"""`nvdp dra slices`: the ResourceSlices the DRA driver would publish for a node profile, as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Any, TextIO
+
+from nvdp.dra.names import DEFAULT_DRIVER, check_driver_name
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `dra` with its `slices` command on an argparse subparsers object."""
+    dra: argparse.ArgumentParser = subparsers.add_parser(
+        "dra", help="DRA driver mode tools", description="DRA driver mode tools."
+    )
+    commands = dra.add_subparsers(dest="dra_command", metavar="COMMAND", required=True)
+    slices = commands.add_parser(
+        "slices",
+        help="print the ResourceSlices a node would publish",
+        description=(
+            "Print, as a JSON list, the ResourceSlices (resource.k8s.io/v1) the DRA driver would publish "
+            "for a node: its GPUs, or the MIG devices of GPUs with MIG enabled."
+        ),
+    )
+    slices.add_argument(
+        "--node",
+        metavar="PROFILE",
+        required=True,
+        help="node profile: a YAML/JSON file, or the name of one in sim/profiles (e.g. t4)",
+    )
+    slices.add_argument("--config", metavar="FILE", help="plugin config file, checked (default: built-in)")
+    slices.add_argument(
+        "--driver", default=DEFAULT_DRIVER, help=f"DRA driver name (default {DEFAULT_DRIVER})"
+    )
+    slices.add_argument("--node-name", metavar="NAME", help="the node's name (default: the profile's name)")
+    slices.set_defaults(handler=run)
+    return dra
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Print the slices; bad input gives one line naming the cause and the fix, and exit status 2."""
+    from nvdp.config.issues import ConfigError
+    from nvdp.config.loader import load_config
+    from nvdp.dra.devices import dra_devices
+    from nvdp.dra.slices import desired_slices
+    from nvdp.inventory.profile import ProfileError, load_profile
+    from nvdp.plan.cli import resolve_profile
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    problem = check_driver_name(args.driver)
+    if problem is not None:
+        return _fail(err, f"--driver: {problem}")
+    profile = resolve_profile(args.node)
+    if not profile.is_file():
+        return _fail(
+            err,
+            f"--node: no node profile {args.node!r}; give a profile file or the name of one in sim/profiles "
+            "(e.g. t4, a100-sxm-8, h100-mig-8)",
+        )
+    node = args.node_name or profile.stem
+    if len(node) > 253 or not _DNS_SUBDOMAIN.match(node):
+        return _fail(err, f"--node-name: {node!r} is not a node name; give a lower-case DNS subdomain")
+    try:
+        load_config(args.config, {}, {})  # the devices do not depend on it; a broken one is still an error
+    except ConfigError as e:
+        more = f" (and {len(e.issues) - 1} more)" if len(e.issues) > 1 else ""
+        return _fail(err, f"--config: {e.issues[0]}{more}")
+    try:
+        inventory = load_profile(profile)
+    except ProfileError as e:
+        return _fail(err, f"--node: {e}; correct the profile")
+    slices = desired_slices(node=node, node_uid="", driver=args.driver, devices=dra_devices(inventory))
+    json.dump(slices, out, indent=2)
+    out.write("\n")
+    return 0
+
+
+def _fail(err: TextIO, message: str) -> int:
+    print(f"nvdp dra slices: error: {message}", file=err)
+    return 2

@@ -1,0 +1,53 @@
+"""Names the DRA driver publishes: the driver name and NVIDIA's device names (k8s-dra-driver-gpu v25.12)."""
+
+from __future__ import annotations
+
+import re
+
+from nvdp.inventory.model import Gpu, MigDevice
+
+DEFAULT_DRIVER = "gpu.nvidia.com"
+MAX_DRIVER_NAME = 26
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_NOT_RFC1123 = re.compile(r"[^a-z0-9.-]")
+
+
+def check_driver_name(name: str) -> str | None:
+    """None when `name` can be the driver name; else what is wrong with it and the fix."""
+    if not name:
+        return f"the DRA driver name is empty; use a DNS subdomain such as {DEFAULT_DRIVER}"
+    if len(name) > MAX_DRIVER_NAME:
+        return (
+            f"the DRA driver name {name!r} has {len(name)} characters, at most {MAX_DRIVER_NAME} are "
+            f"allowed; choose a shorter DNS subdomain such as {DEFAULT_DRIVER}"
+        )
+    if not _DNS_SUBDOMAIN.match(name):
+        return (
+            f"the DRA driver name {name!r} is not a lower-case DNS subdomain (a-z, 0-9, '-' and '.', "
+            f"starting and ending with a letter or digit); use one such as {DEFAULT_DRIVER}"
+        )
+    return None
+
+
+def rfc1123(name: str) -> str:
+    """NVIDIA's toRFC1123Compliant: lower case, other characters than [a-z0-9-.] become '-', trimmed."""
+    name = _NOT_RFC1123.sub("-", name.lower()).strip("-").removesuffix(".")
+    return name[:253]
+
+
+def gpu_device_name(gpu: Gpu) -> str:
+    """A full GPU: "gpu-<minor>" (NVIDIA names devices by the /dev/nvidia<minor> number)."""
+    return f"gpu-{gpu.minor}"
+
+
+def mig_device_name(gpu: Gpu, mig: MigDevice) -> str:
+    """A MIG device: "gpu-<parent minor>-mig-<profile>-<GI profile id>-<placement start>", the profile
+    without dots and RFC 1123 compliant ("1g.10gb+me" -> "1g10gb-me"), e.g. "gpu-0-mig-1g10gb-19-0".
+
+    Without the GPU instance facts (NVML that could not read them) the GPU and compute instance ids
+    stand in: "gpu-0-mig-1g10gb-gi7-ci0".
+    """
+    profile = rfc1123(mig.profile.replace(".", ""))
+    if mig.gi_profile_id is None or mig.placement_start is None:
+        return f"gpu-{gpu.minor}-mig-{profile}-gi{mig.gi_id}-ci{mig.ci_id}"
+    return f"gpu-{gpu.minor}-mig-{profile}-{mig.gi_profile_id}-{mig.placement_start}"

@@ -1,0 +1,112 @@
+"""The ResourceSlices (resource.k8s.io/v1) a node's DRA devices are published in.
+
+One pool per node, named after the node, in slices of at most 128 devices. Plain data in, plain API
+objects out: writing them is the publisher's job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from nvdp.dra.devices import DraDevice
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES_PER_SLICE = 128
+MAX_NAME = 253  # a DNS subdomain
+_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+           "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}  # fmt: skip
+
+
+def slice_name(node: str, driver: str, index: int) -> str:
+    """f"{node}-{driver}-{index}"; a name past 253 characters is cut and made unique by a hash of it."""
+    base, suffix = f"{node}-{driver}", f"-{index}"
+    if len(base) + len(suffix) <= MAX_NAME:
+        return base + suffix
+    digest = hashlib.sha256(base.encode()).hexdigest()[:8]
+    cut = base[: MAX_NAME - len(suffix) - len(digest) - 1].rstrip("-.")
+    return f"{cut}-{digest}{suffix}"
+
+
+def desired_slices(
+    *,
+    node: str,
+    node_uid: str,
+    driver: str,
+    devices: Sequence[DraDevice],
+    unhealthy: frozenset[str] = frozenset(),
+    generation: int = 1,
+) -> list[dict[str, Any]]:
+    """Full ResourceSlice objects for the node's pool. Devices whose own or whose GPU's UUID is in
+    `unhealthy` are left out; no device at all still gives one slice (the pool exists, empty)."""
+    healthy = [d for d in devices if d.uuid not in unhealthy and d.gpu_uuid not in unhealthy]
+    chunks = [healthy[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(healthy), MAX_DEVICES_PER_SLICE)]
+    chunks = chunks or [[]]
+    return [
+        _slice(node, node_uid, driver, i, len(chunks), generation, chunk) for i, chunk in enumerate(chunks)
+    ]
+
+
+def _slice(
+    node: str, node_uid: str, driver: str, index: int, count: int, generation: int, devices: list[DraDevice]
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": slice_name(node, driver, index)}
+    if node_uid:
+        # owned by the Node: the slices go away with it
+        metadata["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
+        ]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": metadata,
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+            "devices": [_device(d) for d in devices],
+        },
+    }
+
+
+def _device(device: DraDevice) -> dict[str, Any]:
+    attributes = {k: dict(v) for k, v in device.attributes.items()}
+    out: dict[str, Any] = {"name": device.name, "attributes": attributes}
+    if device.capacity:
+        out["capacity"] = {k: dict(v) for k, v in device.capacity.items()}
+    return out
+
+
+def slice_content(obj: dict[str, Any]) -> Any:
+    """What decides whether a published slice must be rewritten: its spec without the pool's generation,
+    with empty fields dropped and quantities as numbers (the API server may write "1M" for "1000000"),
+    so a desired and a listed slice compare equal exactly when they publish the same."""
+    spec = dict(obj.get("spec") or {})
+    pool = dict(spec.get("pool") or {})
+    pool.pop("generation", None)
+    spec["pool"] = pool
+    return _normal(spec, "")
+
+
+def _normal(value: Any, key: str) -> Any:
+    if isinstance(value, dict):
+        if key == "capacity":
+            return {k: _capacity(v) for k, v in value.items()}
+        return {k: _normal(v, k) for k, v in value.items() if v not in (None, {}, [])}
+    if isinstance(value, list):
+        return [_normal(v, key) for v in value]
+    return value
+
+
+def _capacity(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    out = {k: v for k, v in value.items() if v not in (None, {}, [])}
+    text = out.get("value")
+    m = _QUANTITY.match(text) if isinstance(text, str) else None
+    if m is not None:
+        out["value"] = int(m.group(1)) * _SUFFIX.get(m.group(2) or "", 1)
+    return out

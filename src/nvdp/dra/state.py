@@ -1,0 +1,277 @@
+"""Prepared claims: NodePrepareResources and NodeUnprepareResources, with the checkpoint and CDI specs.
+
+One `ClaimPreparer` per process holds what is prepared on this node. Each call runs under a thread
+lock and a file lock (`pu.lock` in the plugin's folder, so a second plugin instance during a rolling
+update waits its turn), and follows the order that keeps a crash at any point recoverable:
+
+1. a claim already prepared answers its stored devices (the kubelet retries, and asks again after it
+   restarts), re-writing its CDI spec when the file is gone (a reboot empties /var/run/cdi);
+2. the claim is read from the API server and checked (`claims.check_claim`), and no device may be held
+   by another prepared claim or be unhealthy;
+3. the checkpoint records `PrepareStarted`, the CDI spec is written, then `PrepareCompleted`.
+
+Unprepare removes the spec and the entry; a claim this plugin never prepared is a no-op (logged): the
+kubelet retries a failed unprepare forever and keeps the pod from terminating, and nothing is held.
+A checkpoint that cannot be read is set aside (kept) and the prepared claims are rebuilt from the
+claims the API server says are allocated on this node and reserved for a pod.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from msgspec import Struct
+from msgspec.structs import replace
+
+from nvdp.dra.checkpoint import ClaimEntry, load_checkpoint, save_checkpoint
+from nvdp.dra.claims import Allocated, ClaimProblem, check_claim, describe, our_results
+from nvdp.dra.devices import DraDevice
+from nvdp.dra.server import ClaimRef, PreparedDevice, PrepareResult
+
+STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
+# The kubelet gives a call 45 s; a plugin that cannot get the node-wide lock in this long answers the
+# claim with an error (retried) rather than running into the kubelet's deadline.
+LOCK_WAIT_S = 10.0
+
+GetClaim = Callable[[str, str], "Mapping[str, Any] | None"]
+
+
+class ClaimSpecs(Protocol):
+    """The per-claim CDI specs on disk."""
+
+    def write(self, claim_uid: str, devices: Sequence[DraDevice]) -> dict[str, str]:
+        """Write the claim's spec; the qualified CDI name of each device, by device name."""
+
+    def remove(self, claim_uid: str) -> None: ...
+
+    def exists(self, claim_uid: str) -> bool: ...
+
+    def present(self) -> frozenset[str]:
+        """The claim UIDs that have a spec file."""
+
+
+class NodeView(Struct, frozen=True):
+    """What the node has now: its devices by name, and the UUIDs that are unhealthy."""
+
+    devices: Mapping[str, DraDevice]
+    unhealthy: frozenset[str] = frozenset()
+
+    def unhealthy_device(self, name: str) -> bool:
+        device = self.devices[name]
+        return device.uuid in self.unhealthy or device.gpu_uuid in self.unhealthy
+
+
+class ClaimPreparer:
+    def __init__(self, *, driver: str, pool: str, checkpoint_path: str, lock_path: str, specs: ClaimSpecs,
+                 get_claim: GetClaim, view: Callable[[], NodeView], log: logging.Logger) -> None:
+        self.driver = driver
+        self.pool = pool
+        self._path = checkpoint_path
+        self._lock_path = lock_path
+        self._specs = specs
+        self._get_claim = get_claim
+        self._view = view
+        self._log = log
+        self._lock = threading.Lock()
+        self._claims: dict[str, ClaimEntry] = {}
+
+    # --- start ---------------------------------------------------------------------------------
+
+    def restore(self, list_claims: Callable[[], list[dict[str, Any]]] | None) -> str | None:
+        """Load the checkpoint; when it was unreadable, rebuild from `list_claims()` (the API server).
+        Then remove claim specs no prepared claim owns. Returns the checkpoint problem, if any."""
+        with self._locked():
+            loaded = load_checkpoint(self._path)
+            self._claims = dict(loaded.claims)
+            if loaded.problem is not None:
+                self._log.error("%s", loaded.problem)
+                if list_claims is not None:
+                    self._rebuild(list_claims)
+            for uid, entry in list(self._claims.items()):
+                if entry.state == STARTED:  # a crash between the two writes: nothing was handed out
+                    self._log.info("Rolling back %s, left half prepared", describe(entry.namespace,
+                                                                                   entry.name, uid))
+                    self._specs.remove(uid)
+                    del self._claims[uid]
+            for uid in self._specs.present() - self._claims.keys():
+                self._log.info("Removing the CDI spec of claim %s, which is not prepared", uid)
+                self._specs.remove(uid)
+            self._save()
+            self._log.info("Prepared claims on this node: %d", len(self._claims))
+            return loaded.problem
+
+    def _rebuild(self, list_claims: Callable[[], list[dict[str, Any]]]) -> None:
+        try:
+            claims = list_claims()
+        except Exception as err:  # the API server is away: start empty, the kubelet asks again
+            self._log.error("Cannot list ResourceClaims to rebuild the prepared claims (%s); starting "
+                            "with none: running pods keep their devices, new claims are prepared as asked",
+                            err)
+            return
+        view = self._view()
+        for claim in claims:
+            meta = claim.get("metadata") or {}
+            if not (claim.get("status") or {}).get("reservedFor"):
+                continue
+            results = [r for r in our_results(claim, self.driver) if r.pool == self.pool]
+            if not results or any(r.device not in view.devices for r in results):
+                continue
+            uid, namespace, name = meta.get("uid", ""), meta.get("namespace", ""), meta.get("name", "")
+            try:
+                devices = self._write_spec(uid, results, view)
+            except Exception as err:
+                self._log.error("Cannot rebuild %s: %s", describe(namespace, name, uid), err)
+                continue
+            self._claims[uid] = ClaimEntry(uid=uid, namespace=namespace, name=name, state=COMPLETED,
+                                           devices=devices)
+            self._log.info("Rebuilt %s from the API server", describe(namespace, name, uid))
+
+    # --- the kubelet's calls -------------------------------------------------------------------
+
+    def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        answers: dict[str, PrepareResult] = {}
+        try:
+            with self._locked():
+                for ref in refs:
+                    answers[ref.uid] = self._prepare_one(ref)
+        except TimeoutError as err:
+            for ref in refs:
+                answers.setdefault(ref.uid, PrepareResult(error=str(err)))
+        return answers
+
+    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
+        answers: dict[str, str] = {}
+        try:
+            with self._locked():
+                for ref in refs:
+                    answers[ref.uid] = self._unprepare_one(ref)
+        except TimeoutError as err:
+            for ref in refs:
+                answers.setdefault(ref.uid, str(err))
+        return answers
+
+    def prepared(self) -> Mapping[str, ClaimEntry]:
+        return dict(self._claims)
+
+    # --- one claim -----------------------------------------------------------------------------
+
+    def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
+        what = describe(ref.namespace, ref.name, ref.uid)
+        entry = self._claims.get(ref.uid)
+        if entry is not None and entry.state == COMPLETED:
+            if not self._specs.exists(ref.uid):  # a reboot emptied the spec folder
+                self._log.info("Writing the CDI spec of %s again (its file is gone)", what)
+                self._specs.write(ref.uid, self._devices_of(entry))
+            return PrepareResult(devices=entry.devices)
+        view = self._view()
+        try:
+            results = check_claim(self._get_claim(ref.namespace, ref.name), namespace=ref.namespace,
+                                  name=ref.name, uid=ref.uid, driver=self.driver, pool=self.pool,
+                                  devices=view.devices.keys())
+            self._refuse_held_or_unhealthy(ref.uid, what, results, view)
+        except ClaimProblem as err:
+            self._log.warning("Not preparing: %s", err)
+            return PrepareResult(error=str(err))
+        except Exception as err:  # the API server: unreachable, refused, timed out
+            self._log.warning("Cannot read %s from the API server: %s", what, err)
+            return PrepareResult(error=f"cannot read {what} from the API server: {err}; the kubelet retries")
+        started = ClaimEntry(uid=ref.uid, namespace=ref.namespace, name=ref.name, state=STARTED)
+        self._claims[ref.uid] = started
+        self._save()
+        try:
+            devices = self._write_spec(ref.uid, results, view)
+        except Exception as err:
+            del self._claims[ref.uid]
+            self._specs.remove(ref.uid)
+            self._save()
+            self._log.error("Cannot prepare %s: %s", what, err)
+            return PrepareResult(error=f"cannot prepare {what}: {err}")
+        self._claims[ref.uid] = replace(started, state=COMPLETED, devices=devices)
+        self._save()
+        self._log.info("Prepared %s: %s", what, ", ".join(f"{d.device} -> {', '.join(d.cdi_ids)}"
+                                                           for d in devices) or "no device of this driver")
+        return PrepareResult(devices=devices)
+
+    def _refuse_held_or_unhealthy(self, claim_uid: str, what: str, results: Sequence[Allocated],
+                                  view: NodeView) -> None:
+        for result in results:
+            if view.unhealthy_device(result.device):
+                raise ClaimProblem(f"{what}: device {result.device} is unhealthy; it has left this node's "
+                                   "ResourceSlice, so delete the pod to have the claim allocated elsewhere")
+            if result.admin_access:
+                continue
+            for uid, other in self._claims.items():
+                if uid != claim_uid and any(d.device == result.device for d in other.devices):
+                    raise ClaimProblem(
+                        f"{what}: device {result.device} is already prepared for "
+                        f"{describe(other.namespace, other.name, uid)}; two claims were allocated the same "
+                        "device (a scheduler race, or a claim deleted while this plugin was down): it is "
+                        "handed out again once that claim is unprepared")
+
+    def _write_spec(self, uid: str, results: Sequence[Allocated], view: NodeView
+                    ) -> tuple[PreparedDevice, ...]:
+        unique = list(dict.fromkeys(r.device for r in results))
+        names = self._specs.write(uid, [view.devices[d] for d in unique]) if unique else {}
+        return tuple(PreparedDevice(request_names=(r.request,), pool=r.pool, device=r.device,
+                                    cdi_ids=(names[r.device],)) for r in results)
+
+    def _devices_of(self, entry: ClaimEntry) -> list[DraDevice]:
+        view = self._view()
+        names = dict.fromkeys(d.device for d in entry.devices)
+        missing = [n for n in names if n not in view.devices]
+        if missing:
+            raise ClaimProblem(f"{describe(entry.namespace, entry.name, entry.uid)}: device(s) "
+                               f"{', '.join(missing)} are no longer on this node")
+        return [view.devices[n] for n in names]
+
+    def _unprepare_one(self, ref: ClaimRef) -> str:
+        what = describe(ref.namespace, ref.name, ref.uid)
+        entry = self._claims.pop(ref.uid, None)
+        if entry is None:
+            self._log.warning("Unprepare of %s, which this plugin has not prepared: nothing to undo", what)
+            self._specs.remove(ref.uid)  # a spec left by a crash, if any
+            return ""
+        try:
+            self._specs.remove(ref.uid)
+        except Exception as err:
+            self._claims[ref.uid] = entry
+            return f"cannot remove the CDI spec of {what}: {err}; the kubelet retries"
+        self._save()
+        self._log.info("Unprepared %s", what)
+        return ""
+
+    # --- locks and the file ----------------------------------------------------------------------
+
+    def _save(self) -> None:
+        save_checkpoint(self._path, self._claims)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        if not self._lock.acquire(timeout=LOCK_WAIT_S):
+            raise TimeoutError(f"another prepare or unprepare has held this plugin for over "
+                               f"{LOCK_WAIT_S:g}s; the kubelet retries")
+        try:
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                deadline = time.monotonic() + LOCK_WAIT_S
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(f"another plugin instance holds {self._lock_path}; "
+                                               "the kubelet retries") from None
+                        time.sleep(0.05)
+                yield
+            finally:
+                os.close(fd)  # closing releases the flock
+        finally:
+            self._lock.release()

@@ -1,0 +1,304 @@
+"""DRA driver mode on a real node: slices, a claim prepared through CDI, restarts, and a CEL selector.
+
+The chart installed with `dra.enabled=true` runs `nvidia-dra-plugin` instead of the device plugin. The
+images carry the stand-in NVML (one T4; the mixed profile for the last step), and the driver files the
+claim specs point at are the fake driver root of the CDI scenario (tests/e2e/test_cdi.py: real ELF
+libraries, the host's /dev/nvidia0 and /dev/nvidiactl, a stand-in hook).
+
+The story, each step on the one before:
+1. install: no device-plugin pod, no `nvidia.com/gpu` allocatable; the node's ResourceSlice for driver
+   gpu.nvidia.com lists gpu-0 with NVIDIA's attributes; the DeviceClasses exist; the kubelet accepted
+   the registration.
+2. a pod with a ResourceClaimTemplate for one gpu.nvidia.com device is Running; it sees /dev/nvidia0 and
+   NVIDIA_VISIBLE_DEVICES=<the T4's UUID>; the claim's spec /var/run/cdi/k8s.gpu.nvidia.com-claim_<uid>.json
+   names `<uid>-gpu-0`.
+3. a second such pod stays Pending (the one GPU is allocated); deleting the first pod unprepares (the
+   claim spec goes) and the second pod then runs.
+4. the plugin killed after the claim was prepared and before the pod started: the pod runs, the new
+   plugin instance knows the claim from its checkpoint and unprepares it when the pod goes.
+5. the kubelet restarted: it wipes the node's slices on start; the plugin publishes them again and is
+   registered again, and a new claim is prepared.
+6. the mixed profile (two T4, two V100): a claim whose CEL selector asks for productName V100 gets a V100.
+7. uninstall: the node's slices are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .e2e_cluster import Cluster, Images, Release, Timings
+from .test_cdi import DRIVER_VERSION, LIBDIR, LIBRARIES, T4_UUID, HostSetup, make_host, remove_host
+
+SCENARIO = "DRA driver"
+pytestmark = pytest.mark.incremental
+DRIVER = "gpu.nvidia.com"
+CDI_DIR = "/var/run/cdi"
+CLAIM_SPEC_PREFIX = f"{CDI_DIR}/k8s.gpu.nvidia.com-claim_"
+NAMESPACE = "nvdp-e2e-dra-work"
+STORY = "nvdp-e2e-story=dra"
+V100 = "Tesla V100-SXM2-16GB"
+MIXED_DRIVER_VERSION = "535.161.08"  # sim/profiles/mixed-4.yaml: the libraries it needs under the root
+
+
+@pytest.fixture(scope="module")
+def host(cluster: Cluster) -> Iterator[HostSetup]:
+    setup = HostSetup()
+    try:
+        cluster.host(f"rm -f {CLAIM_SPEC_PREFIX}*.json")
+        make_host(cluster, setup)
+        # The mixed profile's GPUs 1-3 need their device nodes too (the claim spec stats them).
+        for minor in (1, 2, 3):
+            path = f"/dev/nvidia{minor}"
+            make = f"[ -e {path} ] || {{ mknod -m 666 {path} c 195 {minor} && echo made; }}"
+            made = cluster.host(make).stdout
+            if made.strip() == "made":
+                setup.made_nodes.append(path)
+            cluster.host(f"mknod -m 666 {setup.driver_root}/dev/nvidia{minor} c 195 {minor}")
+        yield setup
+    finally:
+        cluster.host(f"rm -f {CLAIM_SPEC_PREFIX}*.json", check=False)
+        remove_host(cluster, setup)
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Release]:
+    cluster.label({"nvidia.com/gpu.present": "true"})
+    cluster.kubectl("create", "namespace", NAMESPACE, check=False)
+    release = Release(cluster, images, "nvdp-dra", "nvdp-e2e-dra")
+    yield release
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", check=False, timeout=120)
+    release.uninstall()
+    try:
+        cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)
+    finally:
+        cluster.label({"nvidia.com/gpu.present": None})
+        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
+
+
+def values(host: HostSetup) -> list[str]:
+    return [
+        "--set", "dra.enabled=true",
+        "--set", f"nvidiaDriverRoot={host.driver_root}",
+        "--set", "nvidiaDevRoot=/",
+        "--set", f"cdi.nvidiaHookPath={host.hook}",
+    ]  # fmt: skip
+
+
+# --- reading the cluster -----------------------------------------------------------------------------
+
+
+def slices(cluster: Cluster) -> list[dict[str, Any]]:
+    found = cluster.kubectl_json("get", "resourceslices", "--field-selector",
+                                 f"spec.nodeName={cluster.node},spec.driver={DRIVER}")["items"]
+    return list(found)
+
+
+def slice_devices(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in slices(cluster) for d in s["spec"].get("devices") or []}
+
+
+def plugin_log(cluster: Cluster, release: Release) -> str:
+    return cluster.logs(release.namespace, f"{release.selector},app.kubernetes.io/component=dra-plugin", 200)
+
+
+def claim_template(name: str, selector: str | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": DRIVER}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }  # fmt: skip
+
+
+def claim_pod(name: str, image: str, template: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"nvdp-e2e-story": "dra"}},
+        "spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [{"name": "cuda", "image": image, "imagePullPolicy": "Never",
+                            "command": ["sleep", "infinity"], "resources": {"claims": [{"name": "gpu"}]}}],
+        },
+    }  # fmt: skip
+
+
+def pod_phase(cluster: Cluster, name: str) -> str:
+    pod = cluster.kubectl_json("get", "pod", "-n", NAMESPACE, name)
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+    return "Ready" if ready else str(pod["status"].get("phase"))
+
+
+def pod_claim_uid(cluster: Cluster, name: str) -> str:
+    pod = cluster.kubectl_json("get", "pod", "-n", NAMESPACE, name)
+    (status,) = pod["status"]["resourceClaimStatuses"]
+    claim = cluster.kubectl_json("get", "resourceclaim", "-n", NAMESPACE, status["resourceClaimName"])
+    return str(claim["metadata"]["uid"])
+
+
+def diagnose(cluster: Cluster, release: Release, pod: str) -> Any:
+    def text() -> str:
+        events = cluster.kubectl("get", "events", "-n", NAMESPACE, check=False).stdout
+        described = cluster.kubectl("get", "pod", "-n", NAMESPACE, pod, "-o", "yaml", check=False).stdout
+        return f"{described}\n{events}\n{plugin_log(cluster, release)}"
+    return text
+
+
+def run_ready(cluster: Cluster, release: Release, images: Images, timings: Timings, name: str, template: str,
+              step: str) -> None:
+    cluster.apply(claim_pod(name, images.plugin, template))
+    _, seconds = cluster.wait_for(f"pod {name} Ready", lambda: pod_phase(cluster, name) == "Ready", 120,
+                                  diagnose=diagnose(cluster, release, name))
+    timings.add(SCENARIO, step, seconds)
+
+
+def seen_in_pod(cluster: Cluster, name: str) -> dict[str, Any]:
+    script = ("import json, os, stat\nst = os.stat('/dev/nvidia0')\n"
+              "print(json.dumps({'env': dict(os.environ), "
+              "'dev': [stat.S_ISCHR(st.st_mode), os.major(st.st_rdev), os.minor(st.st_rdev)], "
+              "'nodes': sorted(n for n in os.listdir('/dev') if n.startswith('nvidia'))}))")
+    seen: dict[str, Any] = json.loads(cluster.exec(NAMESPACE, name, "python", "-c", script))
+    return seen
+
+
+def delete_pod(cluster: Cluster, name: str) -> None:
+    cluster.kubectl("delete", "pod", "-n", NAMESPACE, name, "--wait=true", check=False, timeout=90)
+
+
+# --- the story ----------------------------------------------------------------------------------------
+
+
+def test_install_publishes_the_gpu(cluster: Cluster, release: Release, host: HostSetup, timings: Timings
+                                   ) -> None:
+    with timings.measure(SCENARIO, "helm install (dra.enabled) --wait"):
+        release.install(*values(host))
+    assert not release.pods("device-plugin"), "dra.enabled must not run the device plugin too"
+    devices, seconds = cluster.wait_for("the node's ResourceSlice", lambda: slice_devices(cluster) or None,
+                                        60, diagnose=lambda: plugin_log(cluster, release))
+    timings.add(SCENARIO, "slice published after install", seconds)
+    assert list(devices) == ["gpu-0"]
+    attributes = devices["gpu-0"]["attributes"]
+    assert attributes["type"] == {"string": "gpu"}
+    assert attributes["uuid"] == {"string": T4_UUID}
+    assert attributes["productName"] == {"string": "Tesla T4"}
+    assert attributes["cudaComputeCapability"] == {"version": "7.5.0"}
+    assert "resource.kubernetes.io/pciBusID" in attributes
+    assert int(devices["gpu-0"]["capacity"]["memory"]["value"]) > 0
+    (published,) = slices(cluster)
+    assert published["spec"]["pool"]["name"] == cluster.node
+    owner = published["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("Node", cluster.node)
+    classes = {c["metadata"]["name"] for c in cluster.kubectl_json("get", "deviceclasses")["items"]}
+    assert {"gpu.nvidia.com", "mig.nvidia.com"} <= classes
+    cluster.wait_for("the kubelet's registration", lambda: "Registered with the kubelet" in plugin_log(
+        cluster, release), 60, diagnose=lambda: plugin_log(cluster, release))
+    assert not cluster.allocatable(), "no nvidia.com/gpu through the device-plugin API on a DRA node"
+
+
+def test_a_claim_gets_the_gpu_through_cdi(cluster: Cluster, release: Release, images: Images,
+                                         timings: Timings) -> None:
+    cluster.apply(claim_template("one-gpu"))
+    run_ready(cluster, release, images, timings, "dra-a", "one-gpu", "claim created -> pod Ready")
+    seen = seen_in_pod(cluster, "dra-a")
+    assert seen["dev"] == [True, 195, 0]
+    assert seen["env"].get("NVIDIA_VISIBLE_DEVICES") == T4_UUID
+    uid = pod_claim_uid(cluster, "dra-a")
+    spec = json.loads(cluster.host(f"cat {CLAIM_SPEC_PREFIX}{uid}.json").stdout)
+    assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
+    assert [d["name"] for d in spec["devices"]] == [f"{uid}-gpu-0"]
+
+
+def test_the_gpu_is_not_handed_out_twice(cluster: Cluster, release: Release, images: Images,
+                                         timings: Timings) -> None:
+    cluster.apply(claim_pod("dra-b", images.plugin, "one-gpu"))
+    time.sleep(8)
+    assert pod_phase(cluster, "dra-b") == "Pending"
+    uid = pod_claim_uid(cluster, "dra-a")
+    delete_pod(cluster, "dra-a")
+    cluster.wait_for("the first claim's spec to go", lambda: cluster.host(
+        f"test -e {CLAIM_SPEC_PREFIX}{uid}.json", check=False).returncode != 0, 60,
+        diagnose=lambda: plugin_log(cluster, release))
+    _, seconds = cluster.wait_for("pod dra-b Ready", lambda: pod_phase(cluster, "dra-b") == "Ready", 120,
+                                  diagnose=diagnose(cluster, release, "dra-b"))
+    timings.add(SCENARIO, "GPU freed -> waiting pod Ready", seconds)
+    delete_pod(cluster, "dra-b")
+
+
+def test_a_plugin_restart_between_prepare_and_start_keeps_the_claim(
+        cluster: Cluster, release: Release, images: Images) -> None:
+    before = {p["metadata"]["name"] for p in release.pods("dra-plugin")}
+    cluster.apply(claim_pod("dra-c", images.plugin, "one-gpu"))
+
+    def prepared() -> str | None:
+        found = cluster.host(f"ls {CLAIM_SPEC_PREFIX}*.json 2>/dev/null", check=False).stdout.split()
+        return found[0] if found else None
+
+    spec, _ = cluster.wait_for("the claim to be prepared", prepared, 60, every=0.1,
+                               diagnose=diagnose(cluster, release, "dra-c"))
+    cluster.kubectl("delete", "pod", "-n", release.namespace, *before, "--grace-period=0", "--force",
+                    "--wait=false")
+    cluster.wait_for("pod dra-c Ready", lambda: pod_phase(cluster, "dra-c") == "Ready", 120,
+                     diagnose=diagnose(cluster, release, "dra-c"))
+
+    def replaced() -> bool:
+        pods = release.pods("dra-plugin")
+        names = {p["metadata"]["name"] for p in pods}
+        return bool(names) and not names & before and all(pod_ready(p) for p in pods)
+
+    cluster.wait_for("a new plugin pod", replaced, 120, diagnose=lambda: plugin_log(cluster, release))
+    assert "Prepared claims on this node: 1" in plugin_log(cluster, release)
+    delete_pod(cluster, "dra-c")
+    cluster.wait_for("the new plugin to unprepare the claim", lambda: cluster.host(
+        f"test -e {spec}", check=False).returncode != 0, 60, diagnose=lambda: plugin_log(cluster, release))
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+
+
+def test_a_kubelet_restart_re_registers_and_republishes(cluster: Cluster, release: Release, images: Images,
+                                                       timings: Timings) -> None:
+    start = time.monotonic()
+    cluster.restart_kubelet()
+    cluster.wait_for("the slice again", lambda: "gpu-0" in slice_devices(cluster), 90,
+                     diagnose=lambda: plugin_log(cluster, release))
+    run_ready(cluster, release, images, timings, "dra-d", "one-gpu",
+              "claim after kubelet restart -> pod Ready")
+    timings.add(SCENARIO, "kubelet restart -> claim pod Ready", time.monotonic() - start)
+    delete_pod(cluster, "dra-d")
+
+
+def test_a_cel_selector_picks_the_gpu_by_product(cluster: Cluster, release: Release, host: HostSetup,
+                                                 timings: Timings) -> None:
+    lib = f"{host.driver_root}{LIBDIR}"
+    for name in LIBRARIES:
+        cluster.host(f"cp {lib}/{name}.so.{DRIVER_VERSION} {lib}/{name}.so.{MIXED_DRIVER_VERSION}")
+    mixed = cluster.build_images("mixed-4")
+    release.images = mixed
+    release.upgrade(*values(host))
+    cluster.wait_for("four devices", lambda: len(slice_devices(cluster)) == 4, 120,
+                     diagnose=lambda: plugin_log(cluster, release))
+    devices = slice_devices(cluster)
+    v100 = sorted(n for n, d in devices.items() if d["attributes"]["productName"] == {"string": V100})
+    assert v100 == ["gpu-2", "gpu-3"], devices
+    selector = f"device.attributes['{DRIVER}'].productName == '{V100}'"
+    cluster.apply(claim_template("one-v100", selector))
+    run_ready(cluster, release, mixed, timings, "dra-e", "one-v100", "CEL-selected claim -> pod Ready")
+    seen = seen_in_pod(cluster, "dra-e")
+    uuid = seen["env"].get("NVIDIA_VISIBLE_DEVICES")
+    assert uuid in {devices[n]["attributes"]["uuid"]["string"] for n in v100}, seen["env"]
+    delete_pod(cluster, "dra-e")
+
+
+def test_uninstall_removes_the_slices(cluster: Cluster, release: Release, timings: Timings) -> None:
+    release.uninstall()
+    _, seconds = cluster.wait_for("the node's slices to go", lambda: not slices(cluster), 120)
+    timings.add(SCENARIO, "uninstall -> slices gone", seconds)
