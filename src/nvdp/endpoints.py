@@ -241,3 +241,29 @@ class HttpEndpoints:
             self._log.exception("HTTP handler for %s failed", target)
             response = Response(500, b"internal error; see the plugin log\n")
         _reply(conn, response, method == "HEAD")
+
+
+def start_endpoints(metrics_address: str | None, health_address: str | None, probes: Mapping[str, Route],
+                    metrics: Route, log: logging.Logger) -> list[HttpEndpoints]:
+    """The servers a daemon's flags ask for: the probes and `/metrics` on `metrics_address`, the probes
+    alone on `health_address` (one server when both are the same). OSError (a port taken) propagates
+    with the address in it, after the servers already started are stopped."""
+    wanted: dict[str, dict[str, Route]] = {}
+    if metrics_address:
+        wanted[metrics_address] = {**probes, "/metrics": metrics}
+    if health_address:
+        wanted.setdefault(health_address, {}).update(probes)
+    servers: list[HttpEndpoints] = []
+    try:
+        for address, routes in wanted.items():
+            server = HttpEndpoints(address, routes, log)
+            try:
+                server.start()
+            except OSError as err:
+                raise OSError(f"cannot listen on {address}: {err.strerror or err}") from err
+            servers.append(server)
+    except OSError:
+        for server in servers:
+            server.stop()
+        raise
+    return servers

@@ -317,7 +317,7 @@ class DraProcess:
             self.log.error("%s", problem)
             return EXIT_USAGE
         try:
-            self.endpoints = start_endpoints(self, self.args, self.log)
+            self.endpoints = serve_probes(self, self.args, self.log)
         except OSError as err:
             self.log.error("%s; choose another port (--metrics-address / --health-address)", err)
             return EXIT_FAILED
@@ -397,10 +397,9 @@ class _CurrentSpecs:
         return self._writer().present()
 
 
-def start_endpoints(process: DraProcess, args: argparse.Namespace, log: logging.Logger
-                    ) -> list[HttpEndpoints]:
+def serve_probes(process: DraProcess, args: argparse.Namespace, log: logging.Logger) -> list[HttpEndpoints]:
     """/healthz and /readyz on --health-address, and with /metrics on --metrics-address."""
-    from nvdp.endpoints import HttpEndpoints, Response, Route
+    from nvdp.endpoints import Response, Route, start_endpoints
 
     def metrics() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -408,26 +407,9 @@ def start_endpoints(process: DraProcess, args: argparse.Namespace, log: logging.
         return Response(200, generate_latest(process.recorder.enable_metrics().PLUGIN), CONTENT_TYPE_LATEST)
 
     probes: dict[str, Route] = {"/healthz": process.healthz, "/readyz": process.readyz}
-    wanted: dict[str, dict[str, Route]] = {}
     if args.metrics_address:
         process.recorder.enable_metrics()
-        wanted[args.metrics_address] = {**probes, "/metrics": metrics}
-    if args.health_address:
-        wanted.setdefault(args.health_address, {}).update(probes)
-    servers: list[HttpEndpoints] = []
-    try:
-        for address, routes in wanted.items():
-            server = HttpEndpoints(address, routes, log)
-            try:
-                server.start()
-            except OSError as err:
-                raise OSError(f"cannot listen on {address}: {err.strerror or err}") from err
-            servers.append(server)
-    except OSError:
-        for server in servers:
-            server.stop()
-        raise
-    return servers
+    return start_endpoints(args.metrics_address, args.health_address, probes, metrics, log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 
-from nvdp.endpoints import HttpEndpoints, Response, Route, parse_address
+from nvdp.endpoints import HttpEndpoints, Response, Route, parse_address, start_endpoints
 from nvdp.plugin.grpc_client import server_answers
 from nvdp.plugin.probes import Check, liveness, readiness
 from nvdp.plugin.state import PluginState
@@ -100,26 +100,9 @@ def start(state: PluginState, args: argparse.Namespace, log: logging.Logger,
     """Start the servers the flags ask for; OSError (port taken) propagates with the address in it."""
     endpoints = PluginEndpoints(state, recorder)
     probes: dict[str, Route] = {"/healthz": endpoints.healthz, "/readyz": endpoints.readyz}
-    wanted: dict[str, dict[str, Route]] = {}
     # getattr: a process built from a bare Namespace (tests, embedding) serves nothing.
     metrics_address = getattr(args, "metrics_address", None)
-    health_address = getattr(args, "health_address", None)
     if metrics_address:
         recorder.enable_metrics()
-        wanted[metrics_address] = {**probes, "/metrics": endpoints.metrics}
-    if health_address:
-        wanted.setdefault(health_address, {}).update(probes)
-    servers: list[HttpEndpoints] = []
-    try:
-        for address, routes in wanted.items():
-            server = HttpEndpoints(address, routes, log)
-            try:
-                server.start()
-            except OSError as err:
-                raise OSError(f"cannot listen on {address}: {err.strerror or err}") from err
-            servers.append(server)
-    except OSError:
-        for server in servers:
-            server.stop()
-        raise
-    return servers
+    return start_endpoints(metrics_address, getattr(args, "health_address", None), probes, endpoints.metrics,
+                           log)
