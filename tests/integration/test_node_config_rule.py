@@ -1,7 +1,8 @@
-"""The per-node config rule, one table, run against all three daemons.
+"""The per-node config rule, one table, run against every daemon.
 
-The plugin, the MPS control daemon and GPU feature discovery each run unmodified on the stand-in NVML
-with a directory of config entries and a real kube-apiserver whose Node label picks the entry. They
+The device plugin, the DRA kubelet plugin, the MPS control daemon and GPU feature discovery each run
+unmodified on the stand-in NVML with a directory of config entries and a real kube-apiserver whose
+Node label picks the entry. They
 must behave alike: an invalid labelled entry at start falls back to the default (no exit), an
 unknown or invalid entry later keeps the running one, a fixed entry is taken up, an edit of the
 chosen entry and SIGHUP reload it, and removing the label goes back to the default.
@@ -10,9 +11,11 @@ chosen entry and SIGHUP reload it, and removing the label goes back to the defau
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,6 +26,7 @@ import pytest
 from sim.nvml import NodeSim
 from tests.kube.envtest import ControlPlane
 
+from .cdi_node import make_cdi_node
 from .conftest import clean_env
 from .test_node_config import entries_dir, update_entries
 
@@ -32,7 +36,7 @@ PLAIN = "version: v1\n"
 SHARED = ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n"
           "        replicas: {}\n")
 ENTRIES = {"plain": PLAIN, "ts": SHARED.format(4), "broken": SHARED.format(0)}
-DAEMONS = ("nvidia-device-plugin", "mps-control-daemon", "gpu-feature-discovery")
+DAEMONS = ("nvidia-device-plugin", "nvidia-dra-plugin", "mps-control-daemon", "gpu-feature-discovery")
 
 
 class Daemon:
@@ -68,8 +72,16 @@ class Daemon:
             return self.proc.wait()
 
 
-def start(kind: str, tmp_path: Path, env: dict[str, str]) -> Daemon:
+def start(kind: str, tmp_path: Path, env: dict[str, str], node: NodeSim, sockets: Path) -> Daemon:
     log = tmp_path / f"{kind}.log"
+    if kind == "nvidia-dra-plugin":
+        # Its claims' CDI specs need the driver's files; the kubelet folders hold unix sockets, whose
+        # paths must stay short (`sockets`).
+        cdi = make_cdi_node(tmp_path / "cdi-node", node.inventory)
+        return Daemon([sys.executable, "-m", "nvdp.dra.main"],
+                      {**env, **cdi.env, "CDI_ROOT": str(cdi.cdi_dir),
+                       "KUBELET_PLUGINS_DIR": str(sockets / "plugins"),
+                       "KUBELET_REGISTRAR_DIR": str(sockets / "registry")}, log)
     if kind == "nvidia-device-plugin":
         plugin_dir = tmp_path / "device-plugins"
         plugin_dir.mkdir()
@@ -93,19 +105,26 @@ def daemon_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def sockets() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="nvdp-rule-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
 def node(tmp_path: Path) -> Iterator[NodeSim]:
     with NodeSim("t4", tmp_path / "nvml") as sim:
         yield sim
 
 
 def test_the_per_node_config_rule(daemon_kind: str, node: NodeSim, kube_api: ControlPlane,
-                                  tmp_path: Path) -> None:
+                                  tmp_path: Path, sockets: Path) -> None:
     name = f"gpu-{uuid.uuid4().hex[:8]}"
     kube_api.create_node(name, labels={LABEL: "broken"})
     root = entries_dir(tmp_path, ENTRIES)
     env = {**clean_env(), **node.env, "CONFIG_DIR": str(root), "DEFAULT_CONFIG": "plain", "NODE_NAME": name,
            "KUBECONFIG": str(kube_api.admin_kubeconfig), "PYTHONUNBUFFERED": "1"}
-    daemon = start(daemon_kind, tmp_path, env)
+    daemon = start(daemon_kind, tmp_path, env, node, sockets)
 
     def label(value: str | None) -> None:
         kube_api.kubectl("label", "node", name, f"{LABEL}={value}" if value else f"{LABEL}-", "--overwrite")
