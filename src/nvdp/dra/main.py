@@ -120,7 +120,8 @@ class DraProcess:
         self.rule: NodeConfigRule | None = None
         self.endpoints: list[HttpEndpoints] = []
         self.not_serving_reason: str | None = "starting"
-        self._lock = threading.Lock()  # the serving state and the slices, shared with the health thread
+        self._lock = threading.Lock()  # the serving state, shared with the health and gRPC threads
+        self._publishing = threading.Lock()
         self._publish_failed_at: float | None = None
 
     # --- one config ------------------------------------------------------------------------------
@@ -180,10 +181,13 @@ class DraProcess:
     # --- the API server and the kubelet -------------------------------------------------------------
 
     def publish(self) -> None:
-        with self._lock:
-            if self.publisher is None or self.serving is None:
-                return
-            devices, unhealthy = list(self.serving.devices.values()), self.unhealthy
+        # One publish at a time, each of the state read when it begins (a later change publishes
+        # again); the state lock is not held over the API calls, so prepares never wait on them.
+        with self._publishing:
+            with self._lock:
+                if self.publisher is None or self.serving is None:
+                    return
+                devices, unhealthy = list(self.serving.devices.values()), self.unhealthy
             try:
                 writes = self.publisher.publish(devices, unhealthy)
             except Exception as err:  # tried again from the loop, and by the watch when it reconnects
@@ -363,8 +367,7 @@ class DraProcess:
 
         checks = []
         if self.server is not None:
-            sockets = (os.path.join(self.plugin_dir, "dra.sock"),
-                       os.path.join(self.args.kubelet_registrar_dir, f"{self.driver}-reg.sock"))
+            sockets = (self.server.plugin_socket, self.server.registration_socket)
             # A missing socket is re-created by the loop within a second; gone for longer is a hang.
             absent = [path for path in sockets if not os.path.exists(path)]
             checks.append(Check("sockets", f"absent: {', '.join(absent)}" if absent else None))
