@@ -76,6 +76,7 @@ def test_the_file_layout(tmp_path: Path) -> None:
         "uid": "uid-1", "namespace": "ns", "name": "one", "state": "PrepareCompleted",
         "devices": [{"request_names": ["gpu"], "pool": "node-a", "device": "gpu-0",
                      "cdi_ids": ["k8s.gpu.nvidia.com/claim=uid-1-gpu-0"]}],
+        "share": {},  # what its sharing needs on the node: nothing
     }
     assert path.read_bytes() == encode_checkpoint(CLAIMS)
 

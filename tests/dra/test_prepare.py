@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from nvdp.cdi.spec import ContainerEdits
 from nvdp.dra.claims import ClaimProblem, check_claim, our_results
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.server import ClaimRef
@@ -43,12 +44,15 @@ class Specs:
 
     def __init__(self) -> None:
         self.files: dict[str, list[str]] = {}
+        self.edits: dict[str, ContainerEdits | None] = {}
         self.fail = False
 
-    def write(self, claim_uid: str, devices: Sequence[DraDevice]) -> dict[str, str]:
+    def write(self, claim_uid: str, devices: Sequence[DraDevice], extra: ContainerEdits | None = None
+              ) -> dict[str, str]:
         if self.fail:
             raise OSError("read-only file system")
         self.files[claim_uid] = [d.name for d in devices]
+        self.edits[claim_uid] = extra
         return {d.name: f"k8s.gpu.nvidia.com/claim={claim_uid}-{d.name}" for d in devices}
 
     def remove(self, claim_uid: str) -> None:
@@ -235,3 +239,124 @@ def test_an_unreadable_checkpoint_is_set_aside_and_rebuilt_from_the_api(tmp_path
     assert len(aside) == 1 and (tmp_path / aside[0]).read_bytes() == content, "the bad file is kept"
     saved = json.loads((tmp_path / "checkpoint.json").read_text())
     assert list(saved["claims"]) == ["ur"]
+
+
+# --- sharing -----------------------------------------------------------------------------------------
+
+SHARED = {d.name: d for d in (
+    DraDevice(name="gpu-0", kind="gpu", uuid="GPU-0", gpu_uuid="GPU-0", attributes={},
+              capacity={"memory": {"value": str(16 * 2**30)}}, resource="nvidia.com/gpu", replicas=4,
+              sharing="time-slicing"),
+    device("gpu-1", "GPU-1"),
+)}
+
+
+def shared_claim(name: str, uid: str, share_id: str | None, *config: dict[str, Any]) -> dict[str, Any]:
+    c = claim(name, uid, "gpu-0")
+    if share_id is not None:
+        c["status"]["allocation"]["devices"]["results"][0]["shareID"] = share_id
+    if config:
+        c["spec"] = {"devices": {"config": [
+            {"opaque": {"driver": DRIVER, "parameters": {"apiVersion": "resource.nvidia.com/v1beta1",
+                                                         "kind": "GpuConfig", "sharing": p}}}
+            for p in config]}}
+    return c
+
+
+class FakeMps:
+    """ClaimMps's calls, remembered: which claims use which GPUs' daemon."""
+
+    def __init__(self) -> None:
+        self.using: dict[str, tuple[str, ...]] = {}
+
+    def use(self, claim_uid: str, gpus: Sequence[str]) -> Any:
+        self.using[claim_uid] = tuple(gpus)
+        return self.mount(gpus)
+
+    def mount(self, gpus: Sequence[str]) -> Any:
+        from nvdp.dra.mps import MpsMount
+
+        return MpsMount(pipe_dir=f"/run/nvidia/mps/gpu.nvidia.com/{gpus[0]}/pipe",
+                        shm_dir="/run/nvidia/mps/shm")
+
+    def release(self, claim_uid: str) -> None:
+        self.using.pop(claim_uid, None)
+
+    def adopt(self, claim_uid: str, gpus: Sequence[str]) -> None:
+        self.using[claim_uid] = tuple(gpus)
+
+    def stop(self) -> bool:
+        return True
+
+
+def sharing_preparer(tmp_path: Path, cluster: Cluster, specs: Specs, mps: FakeMps) -> ClaimPreparer:
+    from nvdp.dra.sharing import NodeSharing
+
+    sharing = NodeSharing(driver=DRIVER, mps=mps, log=LOG, no_mps_reason="",  # type: ignore[arg-type]
+                          timeslice=lambda gpu, interval: None)
+    return ClaimPreparer(driver=DRIVER, pool=NODE, checkpoint_path=str(tmp_path / "checkpoint.json"),
+                         lock_path=str(tmp_path / "pu.lock"), specs=specs, get_claim=cluster.get,
+                         view=lambda: NodeView(SHARED), log=LOG, sharing=sharing)
+
+
+MPS = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 25,
+                                        "defaultPinnedDeviceMemoryLimit": "2Gi"}}
+
+
+def test_replicas_of_a_shared_gpu_are_prepared_for_several_claims(tmp_path: Path) -> None:
+    a, b = shared_claim("a", "u1", "s1"), shared_claim("b", "u2", "s2")
+    specs = Specs()
+    p = sharing_preparer(tmp_path, Cluster(a, b), specs, FakeMps())
+    answers = p.prepare([ref(a), ref(b)])
+    assert not answers["u1"].error and not answers["u2"].error
+    assert specs.files == {"u1": ["gpu-0"], "u2": ["gpu-0"]}
+    # without a share ID the scheduler did not share it: the second claim is refused
+    c = shared_claim("c", "u3", None)
+    (tmp_path / "x").mkdir()
+    p2 = sharing_preparer(tmp_path / "x", Cluster(a, c), Specs(), FakeMps())
+    assert not p2.prepare([ref(a)])["u1"].error
+    assert "already prepared for claim default/a" in p2.prepare([ref(c)])["u3"].error
+
+
+def test_mps_claims_on_one_gpu_share_its_daemon_with_their_own_limits(tmp_path: Path) -> None:
+    a = shared_claim("a", "u1", "s1", MPS)
+    b = shared_claim("b", "u2", "s2", {**MPS, "mpsConfig": {"defaultActiveThreadPercentage": 50}})
+    specs, mps = Specs(), FakeMps()
+    p = sharing_preparer(tmp_path, Cluster(a, b), specs, mps)
+    answers = p.prepare([ref(a), ref(b)])
+    assert not answers["u1"].error and not answers["u2"].error
+    assert mps.using == {"u1": ("GPU-0",), "u2": ("GPU-0",)}
+    edits_a, edits_b = specs.edits["u1"], specs.edits["u2"]
+    assert edits_a is not None and edits_b is not None
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in edits_a.env
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M" in edits_a.env
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in edits_b.env
+    assert {(m.host_path, m.container_path) for m in edits_a.mounts} == {
+        ("/run/nvidia/mps/shm", "/dev/shm"), ("/run/nvidia/mps/gpu.nvidia.com/GPU-0/pipe", "/tmp/nvidia-mps")}
+    # the checkpoint keeps the share: a restarted plugin starts the daemon again for both
+    mps2 = FakeMps()
+    sharing_preparer(tmp_path, Cluster(a, b), Specs(), mps2).restore(None)
+    assert mps2.using == {"u1": ("GPU-0",), "u2": ("GPU-0",)}
+    assert p.unprepare([ref(a)]) == {"u1": ""}
+    assert mps.using == {"u2": ("GPU-0",)}
+
+
+def test_a_claim_without_mps_on_a_gpu_shared_through_mps_is_refused(tmp_path: Path) -> None:
+    a, b = shared_claim("a", "u1", "s1", MPS), shared_claim("b", "u2", "s2")
+    mps = FakeMps()
+    p = sharing_preparer(tmp_path, Cluster(a, b), Specs(), mps)
+    assert not p.prepare([ref(a)])["u1"].error
+    error = p.prepare([ref(b)])["u2"].error
+    assert "GPU GPU-0 is in use by claim default/a (uid u1) through the MPS daemon of GPU-0" in error
+    assert "this claim asks for no MPS" in error
+    assert mps.using == {"u1": ("GPU-0",)}
+
+
+def test_invalid_sharing_config_is_refused_with_the_field_and_nothing_prepared(tmp_path: Path) -> None:
+    bad = shared_claim("a", "u1", "s1",
+                       {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}})
+    specs, mps = Specs(), FakeMps()
+    p = sharing_preparer(tmp_path, Cluster(bad), specs, mps)
+    error = p.prepare([ref(bad)])["u1"].error
+    assert "invalid sharing config" in error and "defaultActiveThreadPercentage" in error
+    assert specs.files == {} and mps.using == {} and p.prepared() == {}

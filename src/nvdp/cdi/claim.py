@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from msgspec import Struct
 
 from nvdp.cdi.build import SpecBuilder, finish_spec
+from nvdp.cdi.edits import join
 from nvdp.cdi.facts import HostFacts
-from nvdp.cdi.spec import Device, Spec, kind_of, qualified
+from nvdp.cdi.spec import ContainerEdits, Device, Spec, kind_of, qualified
 from nvdp.config.model import Config
 from nvdp.inventory.model import Gpu, Inventory, MigDevice
 
@@ -45,8 +46,11 @@ def claim_device_name(claim_uid: str, device: str) -> str:
 
 
 def claim_spec(config: Config, inventory: Inventory, facts: HostFacts, claim_uid: str,
-               devices: Sequence[ClaimDevice]) -> Spec:
-    """The claim's spec (CdiError when it would be invalid, e.g. no devices, naming the cause)."""
+               devices: Sequence[ClaimDevice], extra: ContainerEdits | None = None) -> Spec:
+    """The claim's spec (CdiError when it would be invalid, e.g. no devices, naming the cause).
+
+    `extra` joins the common edits: what the claim's sharing adds for all its containers (the MPS
+    pipe and client limits)."""
     builder = SpecBuilder(config, inventory, facts)
     unique = list({d.name: d for d in devices}.values())  # a device named twice is one CDI device
     cdi_devices = [
@@ -55,6 +59,8 @@ def claim_spec(config: Config, inventory: Inventory, facts: HostFacts, claim_uid
         for d in unique
     ]
     common = builder.common(visible_devices=",".join(d.uuid for d in unique))
+    if extra is not None:
+        common = join(common, extra)
     return finish_spec(CLAIM_KIND, cdi_devices, common)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from nvdp.cdi.claim import ClaimDevice, claim_cdi_ids, claim_spec
 from nvdp.cdi.facts import HostFacts
+from nvdp.cdi.spec import ContainerEdits
 from nvdp.cdi.write import claim_spec_path, claim_spec_uids, remove_claim_spec, write_claim_spec
 from nvdp.config.model import Config
 from nvdp.dra.devices import DraDevice
@@ -36,9 +37,10 @@ class ClaimSpecWriter:
             mig = next((m for m in gpu.mig_devices if m.uuid == device.uuid), None)
         return ClaimDevice(name=device.name, gpu=gpu, mig=mig)
 
-    def write(self, claim_uid: str, devices: Sequence[DraDevice]) -> dict[str, str]:
+    def write(self, claim_uid: str, devices: Sequence[DraDevice], extra: ContainerEdits | None = None
+              ) -> dict[str, str]:
         spec = claim_spec(self._config, self._inventory, self._facts, claim_uid,
-                          [self._claim_device(d) for d in devices])
+                          [self._claim_device(d) for d in devices], extra)
         write_claim_spec(self.directory, spec, claim_uid)
         return claim_cdi_ids(spec, claim_uid)
 

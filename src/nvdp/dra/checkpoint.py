@@ -26,6 +26,7 @@ import msgspec
 from msgspec import Struct
 
 from nvdp.dra.server import PreparedDevice
+from nvdp.dra.sharing import ClaimShare
 
 CHECKPOINT_VERSION = 1
 _REBUILT = "the prepared claims are rebuilt from the API server"
@@ -39,6 +40,8 @@ class ClaimEntry(Struct, frozen=True):
     name: str
     state: str  # "PrepareStarted" | "PrepareCompleted"
     devices: tuple[PreparedDevice, ...] = ()
+    # Its sharing (MPS daemon, client limits, intervals); absent in files of plugins before sharing.
+    share: ClaimShare = ClaimShare()
 
 
 class Loaded(Struct, frozen=True):

@@ -25,6 +25,9 @@ class Allocated(Struct, frozen=True):
     pool: str
     device: str
     admin_access: bool = False
+    # Set by the scheduler when the device allows multiple allocations (a shared GPU's replicas):
+    # this claim's share, one of several claims holding the device.
+    share_id: str = ""
 
 
 def describe(namespace: str, name: str, uid: str) -> str:
@@ -46,6 +49,7 @@ def our_results(claim: Mapping[str, Any], driver: str) -> tuple[Allocated, ...]:
             pool=str(result.get("pool", "")),
             device=str(result.get("device", "")),
             admin_access=bool(result.get("adminAccess") or False),
+            share_id=str(result.get("shareID") or ""),
         ))
     return tuple(found)
 

@@ -10,12 +10,17 @@ import re
 from collections.abc import Iterable
 
 from msgspec import Struct
+from msgspec.structs import replace
 
+from nvdp.config.model import SharingStrategy
 from nvdp.dra.names import gpu_device_name, mig_device_name
 from nvdp.inventory.model import Gpu, Inventory, MigDevice
+from nvdp.plan.model import Plan
+from nvdp.plan.patterns import GPU_RESOURCE, mig_resource_name
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+RESOURCE_ATTRIBUTE = "resource"
 MIB = 1024 * 1024
 # Masterminds/semver's loose form, which NVIDIA's driver parses versions with.
 _SEMVER = re.compile(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
@@ -31,6 +36,15 @@ class DraDevice(Struct, frozen=True):
     gpu_uuid: str  # the physical GPU (== uuid for a full GPU)
     attributes: Attributes  # API JSON form: {"uuid": {"string": "GPU-..."}}
     capacity: Capacity  # {"memory": {"value": "16106127360"}}
+    # From the node's plan (`with_plan`): the name the device plugin would advertise it under, and how
+    # many claims may share it (the config's sharing.timeSlicing / sharing.mps replicas) and how.
+    resource: str = ""
+    replicas: int = 1
+    sharing: SharingStrategy = "none"
+
+    @property
+    def shared(self) -> bool:
+        return self.replicas > 1
 
 
 def semver(version: str) -> str | None:
@@ -68,6 +82,34 @@ def dra_devices(inventory: Inventory) -> tuple[DraDevice, ...]:
                 seen.add(device.name)
                 devices.append(device)
     return tuple(devices)
+
+
+def with_plan(devices: Iterable[DraDevice], plan: Plan) -> tuple[DraDevice, ...]:
+    """The devices with what the node's plan says of them: the `resource` attribute (the name the
+    device plugin advertises the device under with this config, which extended-resource DeviceClasses
+    select on), and the replicas and sharing strategy of that resource.
+
+    A device the plan leaves out (migStrategy none advertises a MIG-enabled GPU whole, or a pattern
+    matches nothing) keeps NVIDIA's default name (nvidia.com/gpu, nvidia.com/mig-<profile>) unshared.
+    """
+    planned: dict[str, tuple[str, int, SharingStrategy]] = {}
+    for resource in plan.resources:
+        for entry in resource.devices:
+            planned.setdefault(entry.base_id, (resource.name, resource.replicas, resource.sharing))
+    out = []
+    for device in devices:
+        name, replicas, sharing = planned.get(device.uuid, (_default_resource(device), 1, "none"))
+        if replicas <= 1:
+            replicas, sharing = 1, "none"
+        attributes = {**device.attributes, RESOURCE_ATTRIBUTE: {"string": name}}
+        out.append(replace(device, attributes=attributes, resource=name, replicas=replicas, sharing=sharing))
+    return tuple(out)
+
+
+def _default_resource(device: DraDevice) -> str:
+    if device.kind == "mig":
+        return mig_resource_name(str(device.attributes.get("profile", {}).get("string", "")))
+    return GPU_RESOURCE
 
 
 def by_name(devices: Iterable[DraDevice]) -> dict[str, DraDevice]:

@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
@@ -34,9 +34,12 @@ from nvdp.recording import Recorder
 from nvdp.runloop import EXIT_FAILED, EXIT_USAGE, Inbox, Wake, Wakes, run
 
 if TYPE_CHECKING:
+    from nvdp.cdi.spec import ContainerEdits
     from nvdp.dra.cdi_specs import ClaimSpecWriter
+    from nvdp.dra.mps import ClaimMps
     from nvdp.dra.publish import SlicePublisher
     from nvdp.dra.server import DraServer
+    from nvdp.dra.sharing import NodeSharing
     from nvdp.dra.state import ClaimPreparer, NodeView
     from nvdp.endpoints import HttpEndpoints, Response
     from nvdp.nodechoice import NodeConfigRule
@@ -114,6 +117,7 @@ class DraProcess:
         self.client: Any = None
         self.publisher: SlicePublisher | None = None
         self.preparer: ClaimPreparer | None = None
+        self.mps: ClaimMps | None = None
         self.server: DraServer | None = None
         self.health: HealthMonitor | None = None
         self.node_config: NodeConfig | None = None
@@ -131,7 +135,8 @@ class DraProcess:
         from nvdp.cdi.errors import CdiError
         from nvdp.cdi.host import discover_host
         from nvdp.dra.cdi_specs import ClaimSpecWriter
-        from nvdp.dra.devices import dra_devices
+        from nvdp.dra.devices import dra_devices, with_plan
+        from nvdp.plan import PlanError, plan
         from nvdp.plugin.imex import channels_on_node
         from nvdp.plugin.prepare import discover, load_config
 
@@ -146,7 +151,13 @@ class DraProcess:
             raise StartupError(f"cannot make CDI specs for this node's claims: {err}") from None
         for warning in facts.warnings:
             self.log.warning("CDI: %s", warning)
-        devices = {d.name: d for d in dra_devices(inventory)}
+        try:
+            # The device plugin's plan of the same config: the resource names the extended-resource
+            # classes select on, and the replicas of GPUs the config shares.
+            node_plan = plan(config, inventory)
+        except PlanError as err:
+            raise StartupError(f"invalid config for this node's GPUs: {err}") from None
+        devices = {d.name: d for d in with_plan(dra_devices(inventory), node_plan)}
         specs = ClaimSpecWriter(self.args.cdi_root, config, inventory, facts)
         return Serving(config, inventory, devices, specs)
 
@@ -162,6 +173,9 @@ class DraProcess:
         with self._lock:
             self.serving = serving
             self.unhealthy = frozenset()  # a re-read of the GPUs starts them healthy, as a re-plan does
+        if self.mps is not None:  # daemons already running keep their settings until their last claim
+            self.mps.inventory = serving.inventory
+            self.mps.node_replicas = mps_replicas(serving.devices.values())
         names = ", ".join(serving.devices) or "none"
         self.log.info("Devices: %s", names)
         if first:
@@ -235,12 +249,13 @@ class DraProcess:
         self.publish()
         self.publisher.start_watch()
         os.makedirs(self.plugin_dir, exist_ok=True)
+        sharing = self.node_sharing()
         self.preparer = ClaimPreparer(
             driver=self.driver, pool=self.node,
             checkpoint_path=os.path.join(self.plugin_dir, CHECKPOINT_FILE),
             lock_path=os.path.join(self.plugin_dir, LOCK_FILE),
             specs=_CurrentSpecs(self), get_claim=lambda ns, name: get_claim(client, ns, name),
-            view=self.view, log=self.log)
+            view=self.view, log=self.log, sharing=sharing)
         problem = self.preparer.restore(lambda: list_claims(client))
         if problem is not None:
             self.recorder.event("CheckpointSetAside", problem)
@@ -251,6 +266,29 @@ class DraProcess:
         self.server.start()
         self.start_health()
         self.not_serving_reason = None
+
+    def node_sharing(self) -> NodeSharing:
+        """Claims' sharing on this node; MPS when the pod has the MPS root (chart value dra.mps)."""
+        from functools import partial
+
+        from nvdp.dra.mps import ClaimMps
+        from nvdp.dra.sharing import NodeSharing
+        from nvdp.mps.compute_mode import NvmlComputeModes
+        from nvdp.mps.paths import CONTAINER_ROOT_ENV, HOST_ROOT_ENV, container_root
+
+        assert self.serving is not None
+        config = self.serving.config
+        if not (self.env.get(HOST_ROOT_ENV) or self.env.get(CONTAINER_ROOT_ENV)):
+            return NodeSharing(driver=self.driver, mps=None, log=self.log, no_mps_reason=(
+                f"the pod has no MPS root ({HOST_ROOT_ENV} is not set): install with the chart value "
+                "dra.mps=true (the default), which mounts it and the MPS clients' /dev/shm"))
+        self.mps = ClaimMps(
+            root=container_root(self.env), host_root=self.env.get(HOST_ROOT_ENV) or config.flags.mps_root,
+            driver=self.driver, inventory=self.serving.inventory,
+            node_replicas=mps_replicas(self.serving.devices.values()),
+            modes_factory=partial(NvmlComputeModes, config.flags.plugin.container_driver_root),
+            log=self.log, recorder=self.recorder)
+        return NodeSharing(driver=self.driver, mps=self.mps, log=self.log, no_mps_reason="")
 
     def on_registered(self, registered: bool, error: str) -> None:
         if registered:
@@ -347,6 +385,10 @@ class DraProcess:
             self.server.stop()
         if self.publisher is not None:
             self.publisher.stop()
+        if self.mps is not None:
+            # The daemons run in this container and end with it; stopping them puts the GPUs' compute
+            # mode back. A restarted plugin starts them again for the claims still prepared.
+            self.mps.stop()
         self.recorder.close()
 
     # --- probes --------------------------------------------------------------------------------------
@@ -387,8 +429,9 @@ class _CurrentSpecs:
         assert serving is not None
         return serving.specs
 
-    def write(self, claim_uid: str, devices: Sequence[DraDevice]) -> dict[str, str]:
-        return self._writer().write(claim_uid, devices)
+    def write(self, claim_uid: str, devices: Sequence[DraDevice], extra: ContainerEdits | None = None
+              ) -> dict[str, str]:
+        return self._writer().write(claim_uid, devices, extra)
 
     def remove(self, claim_uid: str) -> None:
         self._writer().remove(claim_uid)
@@ -398,6 +441,11 @@ class _CurrentSpecs:
 
     def present(self) -> frozenset[str]:
         return self._writer().present()
+
+
+def mps_replicas(devices: Iterable[DraDevice]) -> dict[str, int]:
+    """The replicas of each GPU the node's config shares with MPS: its MPS daemon's default limits."""
+    return {d.gpu_uuid: d.replicas for d in devices if d.kind == "gpu" and d.sharing == "mps"}
 
 
 def serve_probes(process: DraProcess, args: argparse.Namespace, log: logging.Logger) -> list[HttpEndpoints]:

@@ -16,6 +16,8 @@ from nvdp.dra.devices import DraDevice
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
 MAX_NAME = 253  # a DNS subdomain
+# The capacity a shared device counts its claims in (`device.capacity['<driver>'].replicas` in CEL).
+REPLICAS_CAPACITY = "replicas"
 _QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
            "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}  # fmt: skip
@@ -75,9 +77,30 @@ def _slice(
 def _device(device: DraDevice) -> dict[str, Any]:
     attributes = {k: dict(v) for k, v in device.attributes.items()}
     out: dict[str, Any] = {"name": device.name, "attributes": attributes}
-    if device.capacity:
-        out["capacity"] = {k: dict(v) for k, v in device.capacity.items()}
+    capacity: dict[str, Any] = {k: dict(v) for k, v in device.capacity.items()}
+    if device.shared:
+        # Consumable capacity (KEP-5075; beta and on in Kubernetes 1.36): up to `replicas` claims are
+        # allocated this one device, each taking one replica and its share of every other capacity
+        # unless it asks for more. A capacity without a request policy would be taken whole by the
+        # first claim, so each gets a default. API servers without the DRAConsumableCapacity gate
+        # drop these fields, and the device is then allocated to one claim at a time.
+        out["allowMultipleAllocations"] = True
+        for entry in capacity.values():
+            entry["requestPolicy"] = {"default": str(_number(entry["value"]) // device.replicas)}
+        capacity[REPLICAS_CAPACITY] = {
+            "value": str(device.replicas),
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}},
+        }
+    if capacity:
+        out["capacity"] = capacity
     return out
+
+
+def _number(text: str) -> int:
+    m = _QUANTITY.match(text)
+    if m is None:
+        raise ValueError(f"not a whole quantity: {text!r}")
+    return int(m.group(1)) * _SUFFIX.get(m.group(2) or "", 1)
 
 
 def slice_content(obj: dict[str, Any]) -> Any:
@@ -102,11 +125,9 @@ def _normal(value: Any, key: str) -> Any:
 
 
 def _capacity(value: Any) -> Any:
-    if not isinstance(value, dict):
-        return value
-    out = {k: v for k, v in value.items() if v not in (None, {}, [])}
-    text = out.get("value")
-    m = _QUANTITY.match(text) if isinstance(text, str) else None
+    if isinstance(value, dict):
+        return {k: _capacity(v) for k, v in value.items() if v not in (None, {}, [])}
+    m = _QUANTITY.match(value) if isinstance(value, str) else None
     if m is not None:
-        out["value"] = int(m.group(1)) * _SUFFIX.get(m.group(2) or "", 1)
-    return out
+        return int(m.group(1)) * _SUFFIX.get(m.group(2) or "", 1)
+    return value

@@ -8,9 +8,14 @@ update waits its turn), and follows the order that keeps a crash at any point re
    restarts), re-writing its CDI spec when the file is gone (a reboot empties /var/run/cdi);
 2. the claim is read from the API server and checked (`claims.check_claim`), and no device may be held
    by another prepared claim or be unhealthy;
-3. the checkpoint records `PrepareStarted`, the CDI spec is written, then `PrepareCompleted`.
+3. the claim's sharing is worked out (its and its classes' GpuConfig, else the node's sharing config);
+   a device another prepared claim holds is refused unless the scheduler shared it (a replica of a
+   shared GPU, with a share ID), and claims on one GPU must agree on MPS;
+4. the checkpoint records `PrepareStarted`, the sharing is applied (time slice, MPS daemon), the CDI
+   spec is written with the sharing's edits, then `PrepareCompleted` with the claim's share.
 
-Unprepare removes the spec and the entry; a claim this plugin never prepared is a no-op (logged): the
+Unprepare removes the spec and the entry and leaves the claim's MPS daemon (stopped with its last
+claim); a claim this plugin never prepared is a no-op (logged): the
 kubelet retries a failed unprepare forever and keeps the pod from terminating, and nothing is held.
 A checkpoint that cannot be read is set aside (kept) and the prepared claims are rebuilt from the
 claims the API server says are allocated on this node and reserved for a pod.
@@ -30,10 +35,12 @@ from typing import Any, Protocol
 from msgspec import Struct
 from msgspec.structs import replace
 
+from nvdp.cdi.spec import ContainerEdits
 from nvdp.dra.checkpoint import ClaimEntry, load_checkpoint, save_checkpoint
 from nvdp.dra.claims import Allocated, ClaimProblem, check_claim, describe, our_results
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.server import ClaimRef, PreparedDevice, PrepareResult
+from nvdp.dra.sharing import ClaimShare, NodeSharing
 
 STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
 # The kubelet gives a call 45 s; a plugin that cannot get the node-wide lock in this long answers the
@@ -46,8 +53,10 @@ GetClaim = Callable[[str, str], "Mapping[str, Any] | None"]
 class ClaimSpecs(Protocol):
     """The per-claim CDI specs on disk."""
 
-    def write(self, claim_uid: str, devices: Sequence[DraDevice]) -> dict[str, str]:
-        """Write the claim's spec; the qualified CDI name of each device, by device name."""
+    def write(self, claim_uid: str, devices: Sequence[DraDevice], extra: ContainerEdits | None = None
+              ) -> dict[str, str]:
+        """Write the claim's spec (`extra`: edits for all its containers); the qualified CDI name of
+        each device, by device name."""
 
     def remove(self, claim_uid: str) -> None: ...
 
@@ -70,8 +79,11 @@ class NodeView(Struct, frozen=True):
 
 class ClaimPreparer:
     def __init__(self, *, driver: str, pool: str, checkpoint_path: str, lock_path: str, specs: ClaimSpecs,
-                 get_claim: GetClaim, view: Callable[[], NodeView], log: logging.Logger) -> None:
+                 get_claim: GetClaim, view: Callable[[], NodeView], log: logging.Logger,
+                 sharing: NodeSharing | None = None) -> None:
         self.driver = driver
+        self._sharing = sharing or NodeSharing(driver=driver, mps=None, log=log,
+                                               no_mps_reason="this plugin was started without MPS")
         self.pool = pool
         self._path = checkpoint_path
         self._lock_path = lock_path
@@ -100,6 +112,8 @@ class ClaimPreparer:
                                                                                    entry.name, uid))
                     self._specs.remove(uid)
                     del self._claims[uid]
+            for uid, entry in self._claims.items():
+                self._sharing.adopt(uid, entry.share)
             for uid in self._specs.present() - self._claims.keys():
                 self._log.info("Removing the CDI spec of claim %s, which is not prepared", uid)
                 self._specs.remove(uid)
@@ -125,12 +139,13 @@ class ClaimPreparer:
                 continue
             uid, namespace, name = meta.get("uid", ""), meta.get("namespace", ""), meta.get("name", "")
             try:
-                devices = self._write_spec(uid, results, view)
+                share = self._sharing.share_of(claim, view.devices, self._claimed(results, view))
+                devices = self._write_spec(uid, results, view, self._sharing.edits(share))
             except Exception as err:
                 self._log.error("Cannot rebuild %s: %s", describe(namespace, name, uid), err)
                 continue
             self._claims[uid] = ClaimEntry(uid=uid, namespace=namespace, name=name, state=COMPLETED,
-                                           devices=devices)
+                                           devices=devices, share=share)
             self._log.info("Rebuilt %s from the API server", describe(namespace, name, uid))
 
     # --- the kubelet's calls -------------------------------------------------------------------
@@ -168,14 +183,16 @@ class ClaimPreparer:
         if entry is not None and entry.state == COMPLETED:
             if not self._specs.exists(ref.uid):  # a reboot emptied the spec folder
                 self._log.info("Writing the CDI spec of %s again (its file is gone)", what)
-                self._specs.write(ref.uid, self._devices_of(entry))
+                self._specs.write(ref.uid, self._devices_of(entry), self._sharing.edits(entry.share))
             return PrepareResult(devices=entry.devices)
         view = self._view()
         try:
-            results = check_claim(self._get_claim(ref.namespace, ref.name), namespace=ref.namespace,
-                                  name=ref.name, uid=ref.uid, driver=self.driver, pool=self.pool,
-                                  devices=view.devices.keys())
-            self._refuse_held_or_unhealthy(ref.uid, what, results, view)
+            claim = self._get_claim(ref.namespace, ref.name)
+            results = check_claim(claim, namespace=ref.namespace, name=ref.name, uid=ref.uid,
+                                  driver=self.driver, pool=self.pool, devices=view.devices.keys())
+            assert claim is not None  # check_claim refuses a missing claim
+            share = self._sharing.share_of(claim, view.devices, self._claimed(results, view))
+            self._refuse_held_or_unhealthy(ref.uid, what, results, view, share)
         except ClaimProblem as err:
             self._log.warning("Not preparing: %s", err)
             return PrepareResult(error=str(err))
@@ -186,39 +203,60 @@ class ClaimPreparer:
         self._claims[ref.uid] = started
         self._save()
         try:
-            devices = self._write_spec(ref.uid, results, view)
+            extra = self._sharing.apply(ref.uid, share)
+            devices = self._write_spec(ref.uid, results, view, extra)
         except Exception as err:
             del self._claims[ref.uid]
             self._specs.remove(ref.uid)
+            self._sharing.release(ref.uid)
             self._save()
             self._log.error("Cannot prepare %s: %s", what, err)
             return PrepareResult(error=f"cannot prepare {what}: {err}")
-        self._claims[ref.uid] = replace(started, state=COMPLETED, devices=devices)
+        self._claims[ref.uid] = replace(started, state=COMPLETED, devices=devices, share=share)
         self._save()
         self._log.info("Prepared %s: %s", what, ", ".join(f"{d.device} -> {', '.join(d.cdi_ids)}"
                                                            for d in devices) or "no device of this driver")
         return PrepareResult(devices=devices)
 
     def _refuse_held_or_unhealthy(self, claim_uid: str, what: str, results: Sequence[Allocated],
-                                  view: NodeView) -> None:
+                                  view: NodeView, share: ClaimShare) -> None:
+        mine = {view.devices[r.device].gpu_uuid for r in results if not r.admin_access}
         for result in results:
             if view.unhealthy_device(result.device):
                 raise ClaimProblem(f"{what}: device {result.device} is unhealthy; it has left this node's "
                                    "ResourceSlice, so delete the pod to have the claim allocated elsewhere")
             if result.admin_access:
                 continue
+            # A replica of a shared GPU: the scheduler gave it to several claims, each with a share ID.
+            shared = view.devices[result.device].shared and bool(result.share_id)
             for uid, other in self._claims.items():
-                if uid != claim_uid and any(d.device == result.device for d in other.devices):
+                if uid != claim_uid and not shared and any(d.device == result.device for d in other.devices):
                     raise ClaimProblem(
                         f"{what}: device {result.device} is already prepared for "
                         f"{describe(other.namespace, other.name, uid)}; two claims were allocated the same "
                         "device (a scheduler race, or a claim deleted while this plugin was down): it is "
                         "handed out again once that claim is unprepared")
+        for uid, other in self._claims.items():
+            theirs = {view.devices[d.device].gpu_uuid for d in other.devices if d.device in view.devices}
+            both = sorted(mine & theirs)
+            if uid == claim_uid or not both or other.share.mps_gpus == share.mps_gpus:
+                continue
+            how = (f"through the MPS daemon of {', '.join(other.share.mps_gpus)}" if other.share.uses_mps
+                   else "without MPS")
+            asks = f"MPS on {', '.join(share.mps_gpus)}" if share.uses_mps else "no MPS"
+            raise ClaimProblem(
+                f"{what}: GPU {', '.join(both)} is in use by {describe(other.namespace, other.name, uid)} "
+                f"{how}, and this claim asks for {asks}; claims that share a GPU must share it the same way "
+                "(the same MPS GPUs, or no MPS): give them the same sharing config; this claim is prepared "
+                "once that one is unprepared")
 
-    def _write_spec(self, uid: str, results: Sequence[Allocated], view: NodeView
-                    ) -> tuple[PreparedDevice, ...]:
+    def _claimed(self, results: Sequence[Allocated], view: NodeView) -> list[DraDevice]:
+        return [view.devices[name] for name in dict.fromkeys(r.device for r in results)]
+
+    def _write_spec(self, uid: str, results: Sequence[Allocated], view: NodeView,
+                    extra: ContainerEdits | None = None) -> tuple[PreparedDevice, ...]:
         unique = list(dict.fromkeys(r.device for r in results))
-        names = self._specs.write(uid, [view.devices[d] for d in unique]) if unique else {}
+        names = self._specs.write(uid, [view.devices[d] for d in unique], extra) if unique else {}
         return tuple(PreparedDevice(request_names=(r.request,), pool=r.pool, device=r.device,
                                     cdi_ids=(names[r.device],)) for r in results)
 
@@ -244,6 +282,7 @@ class ClaimPreparer:
             self._claims[ref.uid] = entry
             return f"cannot remove the CDI spec of {what}: {err}; the kubelet retries"
         self._save()
+        self._sharing.release(ref.uid)
         self._log.info("Unprepared %s", what)
         return ""
 

@@ -1,0 +1,145 @@
+"""What a claim's sharing does on the node: the time-slice interval, the MPS daemon, the client limits.
+
+`claim_share` (pure) turns the sharing each of a claim's devices gets (`nvdp.dra.gpuconfig`: the
+claim's and its classes' GpuConfig, else the node's sharing config) into a `ClaimShare`: the GPUs whose
+MPS daemon it joins, the MPS client variables of its containers, the intervals to set. `NodeSharing`
+carries it out at prepare and undoes it at unprepare; the checkpoint keeps each claim's `ClaimShare`,
+so a restarted plugin starts the same daemons and writes the same spec again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from msgspec import Struct
+
+from nvdp.cdi.spec import ContainerEdits, Mount
+from nvdp.dra.claims import ClaimProblem
+from nvdp.dra.devices import DraDevice
+from nvdp.dra.gpuconfig import DeviceSharing, MpsLimits, SharingProblem, device_sharing
+from nvdp.dra.mps import CONTAINER_PIPE_DIR, ClaimMps, MpsUnavailable, client_env
+from nvdp.dra.timeslice import TimesliceError, set_timeslice
+
+MIB = 1024 * 1024
+# As NVIDIA's DRA driver mounts the MPS folders: written to by the clients, nothing else.
+MPS_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "bind")
+
+
+class ClaimShare(Struct, frozen=True, omit_defaults=True):
+    """What one prepared claim's sharing needs; empty for a claim that shares nothing."""
+
+    mps_gpus: tuple[str, ...] = ()  # the GPUs of the MPS daemon its containers use
+    env: tuple[str, ...] = ()  # "KEY=value" for all its containers: the MPS pipe and client limits
+    timeslices: tuple[tuple[str, str], ...] = ()  # (GPU UUID, interval) set when it was prepared
+
+    @property
+    def uses_mps(self) -> bool:
+        return bool(self.mps_gpus)
+
+
+def node_default(device: DraDevice) -> DeviceSharing:
+    """A device's sharing when no claim or class config names it: the node's sharing config, whose
+    MPS replicas split the GPU's threads and memory evenly, as the device plugin's MPS daemon does."""
+    if device.sharing == "mps" and device.kind == "gpu":
+        memory = int(device.capacity.get("memory", {}).get("value", "0") or 0)
+        mib = memory // device.replicas // MIB if memory else None
+        return DeviceSharing(strategy="MPS", source="node config (sharing.mps)",
+                             mps=MpsLimits(active_thread_percentage=max(1, 100 // device.replicas),
+                                           pinned_memory_limit_mib=mib or None))
+    if device.sharing == "time-slicing":
+        return DeviceSharing(strategy="TimeSlicing", source="node config (sharing.timeSlicing)")
+    return DeviceSharing()
+
+
+def claim_share(devices: Sequence[DraDevice], sharing: Mapping[str, DeviceSharing]) -> ClaimShare:
+    """The claim's share from each device's sharing (`devices` in the claim's order, each once);
+    SharingProblem when the devices' sharing cannot go together in one container."""
+    mps = [d for d in devices if sharing.get(d.name, DeviceSharing()).strategy == "MPS"]
+    if mps and len(mps) != len(devices):
+        others = [d.name for d in devices if d not in mps]
+        raise SharingProblem(
+            f"devices {', '.join(d.name for d in mps)} are shared through MPS but {', '.join(others)} are "
+            "not; a container uses MPS for all its GPUs or for none: give every request of the claim the "
+            "same sharing strategy")
+    env: dict[str, str] = {}
+    if mps:
+        limits = [sharing[d.name].mps or MpsLimits() for d in mps]
+        threads = [x.active_thread_percentage for x in limits if x.active_thread_percentage is not None]
+        # One client process has one thread share: the smallest any of its devices' configs asks for.
+        env = client_env(min(threads) if threads else None, [x.pinned_memory_limit_mib for x in limits])
+    timeslices = tuple(
+        (d.gpu_uuid, s.interval) for d in devices
+        if (s := sharing.get(d.name, DeviceSharing())).strategy == "TimeSlicing" and s.interval is not None
+        and d.kind == "gpu"
+    )
+    return ClaimShare(mps_gpus=tuple(dict.fromkeys(d.gpu_uuid for d in mps)),
+                      env=tuple(f"{k}={v}" for k, v in env.items()), timeslices=timeslices)
+
+
+class NodeSharing:
+    """Carries out claims' shares on this node: intervals through nvidia-smi, MPS through `mps`
+    (None when the plugin runs without MPS, so that MPS claims are refused with the reason)."""
+
+    def __init__(self, *, driver: str, mps: ClaimMps | None, no_mps_reason: str,
+                 log: logging.Logger, timeslice: Callable[[str, str], None] = set_timeslice) -> None:
+        self.driver = driver
+        self.mps = mps
+        self.no_mps_reason = no_mps_reason
+        self.log = log
+        self._timeslice = timeslice
+
+    def share_of(self, claim: Mapping[str, Any], devices: Mapping[str, DraDevice],
+                 claimed: Sequence[DraDevice]) -> ClaimShare:
+        """The claim's share; ClaimProblem naming the field when its config is invalid."""
+        try:
+            sharing = device_sharing(claim, self.driver, devices, default=node_default)
+            return claim_share(claimed, sharing)
+        except SharingProblem as err:
+            raise ClaimProblem(f"invalid sharing config: {err}") from None
+
+    def apply(self, claim_uid: str, share: ClaimShare) -> ContainerEdits:
+        """Set the claim's intervals and join its MPS daemon; the edits its containers get.
+        ClaimProblem (nothing joined) when that cannot be done."""
+        for gpu, interval in share.timeslices:
+            try:
+                self._timeslice(gpu, interval)
+            except TimesliceError as err:
+                raise ClaimProblem(f"cannot set the time slice of GPU {gpu} to {interval}: {err}") from None
+            self.log.info("GPU %s: time slice set to %s", gpu, interval)
+        if share.uses_mps:
+            if self.mps is None:
+                raise ClaimProblem(f"the claim asks for MPS, which this plugin does not run: "
+                                   f"{self.no_mps_reason}")
+            try:
+                self.mps.use(claim_uid, share.mps_gpus)
+            except MpsUnavailable as err:
+                raise ClaimProblem(str(err)) from None
+        return self.edits(share)
+
+    def edits(self, share: ClaimShare) -> ContainerEdits:
+        """The claim's container edits (no side effects: for writing a lost spec again)."""
+        if not share.uses_mps or self.mps is None:
+            return ContainerEdits(env=share.env)
+        mount = self.mps.mount(share.mps_gpus)
+        return ContainerEdits(env=share.env, mounts=(
+            Mount(host_path=mount.shm_dir, container_path="/dev/shm", options=MPS_MOUNT_OPTIONS),
+            Mount(host_path=mount.pipe_dir, container_path=CONTAINER_PIPE_DIR, options=MPS_MOUNT_OPTIONS),
+        ))
+
+    def release(self, claim_uid: str) -> None:
+        if self.mps is not None:
+            self.mps.release(claim_uid)
+
+    def adopt(self, claim_uid: str, share: ClaimShare) -> None:
+        """A claim prepared before a restart: its MPS daemon runs again."""
+        if share.uses_mps and self.mps is not None:
+            try:
+                self.mps.adopt(claim_uid, share.mps_gpus)
+            except MpsUnavailable as err:
+                self.log.error("Claim %s used MPS on %s before the restart, and its daemon cannot start "
+                               "again: %s", claim_uid, ", ".join(share.mps_gpus), err)
+
+    def stop(self) -> bool:
+        return self.mps.stop() if self.mps is not None else True
