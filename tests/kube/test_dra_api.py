@@ -100,6 +100,26 @@ def test_publish_writes_only_on_change(kube_api: ControlPlane) -> None:
     assert slices(kube_api, node)[0]["spec"]["pool"]["generation"] == 2
 
 
+def test_shared_gpus_are_stored_with_their_replicas_and_not_rewritten(kube_api: ControlPlane) -> None:
+    from msgspec.structs import replace
+
+    node = unique("shared")
+    kube_api.create_node(node)
+    pub = publisher(kube_api, node)
+    shared = replace(gpu(0), replicas=10, sharing="time-slicing", resource="nvidia.com/gpu")
+    mig_shared = replace(mig(1, 0), replicas=3, sharing="time-slicing")
+    assert pub.publish([shared, mig_shared, gpu(2)], frozenset()) == 1
+    stored = {d["name"]: d for s in slices(kube_api, node) for d in s["spec"]["devices"]}
+    # The API server (DRAConsumableCapacity on, the default from 1.36) keeps the fields.
+    assert stored["gpu-0"]["allowMultipleAllocations"] is True
+    assert stored["gpu-0"]["capacity"]["replicas"]["value"] == "10"
+    assert stored["gpu-0"]["capacity"]["replicas"]["requestPolicy"]["validRange"]["min"] == "1"
+    assert stored["gpu-1-mig-1g10gb-19-0"]["capacity"]["memorySlice0"]["requestPolicy"]["default"] == "0"
+    assert "allowMultipleAllocations" not in stored["gpu-2"]
+    # what the server wrote back compares equal: no rewrite on the next publish
+    assert pub.publish([shared, mig_shared, gpu(2)], frozenset()) == 0
+
+
 def test_an_unhealthy_device_leaves_and_returns(kube_api: ControlPlane) -> None:
     node = unique("health")
     kube_api.create_node(node)

@@ -1,0 +1,270 @@
+"""DRA sharing on a real node: replicas of a shared T4, MPS and TimeSlicing claim config, and a plain
+`nvidia.com/gpu: 1` pod served through an extended-resource DeviceClass.
+
+The chart is installed with `dra.enabled=true` and the node config `sharing.timeSlicing` x10 (what
+users already have for the device plugin), on the fake driver root of the CDI scenario. The story:
+1. install: the T4 is published once with `allowMultipleAllocations` and capacity `replicas: 10`, attribute
+   `resource: nvidia.com/gpu`; the extended-resource class `nvidia.com-gpu` exists.
+2. two claims with MPS config (25 % / 2 GiB and 50 % / 4 GiB) on the one GPU: both pods Running with the
+   MPS pipe at /tmp/nvidia-mps and their own limits in env; one MPS daemon runs for the GPU, in
+   EXCLUSIVE_PROCESS; it stops (compute mode DEFAULT) once both pods are gone.
+3. a claim through a DeviceClass carrying TimeSlicing config (interval Long): Running, and the driver was
+   told time slice 3 for the T4.
+4. a claim with defaultActiveThreadPercentage 101: not prepared, the pod's events name the field.
+5. 10 + 1 claims: ten pods Running on the ten replicas, the eleventh Pending.
+6. a plain pod asking for `nvidia.com/gpu: 1` (no claim in its spec): the scheduler makes a claim from the
+   extended-resource class and the pod runs with the T4. (The Node must not list nvidia.com/gpu from an
+   earlier device plugin: the kubelet drops it 5 minutes after that plugin stopped; the step waits.)
+7. uninstall: the slices go, no MPS daemon is left.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .e2e_cluster import DATA, GPU, MPS_ROOT, SIM_STATE_DIR, Cluster, Images, Release, Timings
+from .test_cdi import T4_UUID, HostSetup, make_host, remove_host
+from .test_dra import CLAIM_SPEC_PREFIX, DRIVER, seen_in_pod, slice_devices
+
+SCENARIO = "DRA sharing"
+pytestmark = pytest.mark.incremental
+NAMESPACE = "nvdp-e2e-dra-share"
+LABELS = {"nvdp-e2e-story": "dra-sharing"}
+MPS_DAEMON_DIR = f"{MPS_ROOT}/{DRIVER}/{T4_UUID}"
+TIMESLICE_CLASS = "e2e-timeslice-long.nvidia.com"
+GPU_CONFIG = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+
+
+@pytest.fixture(scope="module")
+def host(cluster: Cluster) -> Iterator[HostSetup]:
+    setup = HostSetup()
+    try:
+        cluster.host(f"rm -f {CLAIM_SPEC_PREFIX}*.json {SIM_STATE_DIR}/timeslice/*", check=False)
+        make_host(cluster, setup)
+        yield setup
+    finally:
+        cluster.host(f"rm -f {CLAIM_SPEC_PREFIX}*.json", check=False)
+        remove_host(cluster, setup)
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Release]:
+    cluster.label({"nvidia.com/gpu.present": "true"})
+    cluster.kubectl("create", "namespace", NAMESPACE, check=False)
+    release = Release(cluster, images, "nvdp-share", "nvdp-e2e-dra-sharing")
+    yield release
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", check=False, timeout=180)
+    cluster.kubectl("delete", "deviceclass", TIMESLICE_CLASS, check=False)
+    release.uninstall()
+    try:
+        cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)
+    finally:
+        cluster.label({"nvidia.com/gpu.present": None})
+        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
+
+
+def plugin_log(cluster: Cluster, release: Release) -> str:
+    return cluster.logs(release.namespace, f"{release.selector},app.kubernetes.io/component=dra-plugin", 200)
+
+
+def template(name: str, sharing: dict[str, Any] | None = None, device_class: str = DRIVER) -> dict[str, Any]:
+    spec: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}
+    if sharing is not None:
+        parameters = {**GPU_CONFIG, "sharing": sharing}
+        spec["config"] = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"spec": {"devices": spec}}}
+
+
+def mps(threads: int, memory: str) -> dict[str, Any]:
+    return {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": threads,
+                                             "defaultPinnedDeviceMemoryLimit": memory}}
+
+
+def pod(name: str, image: str, claim_template: str | None = None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "cuda", "image": image, "imagePullPolicy": "Never",
+                                 "command": ["sleep", "infinity"]}
+    spec: dict[str, Any] = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                            "automountServiceAccountToken": False, "containers": [container]}
+    if claim_template is None:  # the device plugin's way of asking
+        container["resources"] = {"limits": {GPU: "1"}}
+    else:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": claim_template}]
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE,
+                                                             "labels": LABELS}, "spec": spec}
+
+
+def phase(cluster: Cluster, name: str) -> str:
+    found = cluster.kubectl_json("get", "pod", "-n", NAMESPACE, name)
+    status = found["status"]
+    if any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or []):
+        return "Ready"
+    return str(status.get("phase"))
+
+
+def diagnose(cluster: Cluster, release: Release, *names: str) -> Any:
+    def text() -> str:
+        described = "\n".join(cluster.kubectl("get", "pod", "-n", NAMESPACE, n, "-o", "yaml",
+                                               check=False).stdout for n in names)
+        events = cluster.kubectl("get", "events", "-n", NAMESPACE, check=False).stdout
+        return f"{described}\n{events}\n{plugin_log(cluster, release)}"
+    return text
+
+
+def start(cluster: Cluster, release: Release, images: Images, names: list[str], claim_template: str | None,
+          timeout: float = 120) -> float:
+    for name in names:
+        cluster.apply(pod(name, images.plugin, claim_template))
+    _, seconds = cluster.wait_for(f"pods {', '.join(names)} Ready",
+                                  lambda: all(phase(cluster, n) == "Ready" for n in names), timeout,
+                                  diagnose=diagnose(cluster, release, *names))
+    return seconds
+
+
+def delete_pods(cluster: Cluster) -> None:
+    cluster.kubectl("delete", "pods", "-n", NAMESPACE, "-l", "nvdp-e2e-story=dra-sharing", "--wait=true",
+                    check=False, timeout=120)
+
+
+def no_claims_left(cluster: Cluster) -> bool:
+    return not cluster.kubectl_json("get", "resourceclaims", "-n", NAMESPACE)["items"]
+
+
+def host_file(cluster: Cluster, path: str) -> str | None:
+    done = cluster.host(f"cat {path}", check=False)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+# --- the story ------------------------------------------------------------------------------------------
+
+
+def test_install_publishes_the_t4_as_ten_replicas(cluster: Cluster, release: Release, host: HostSetup,
+                                                   timings: Timings) -> None:
+    with timings.measure(SCENARIO, "helm install (dra.enabled, time-slicing x10) --wait"):
+        done = release.install(
+            "--set", "dra.enabled=true", "--set", f"nvidiaDriverRoot={host.driver_root}",
+            "--set", "nvidiaDevRoot=/", "--set", f"cdi.nvidiaHookPath={host.hook}",
+            "--set-file", f"config.map.config={DATA / 'dra-time-slicing-10.yaml'}", check=False)
+    assert done.returncode == 0, f"{done.stderr[-2000:]}\n{plugin_log(cluster, release)}"
+    devices, seconds = cluster.wait_for("the shared T4 in the slice",
+                                        lambda: slice_devices(cluster).get("gpu-0"), 60,
+                                        diagnose=lambda: plugin_log(cluster, release))
+    timings.add(SCENARIO, "slice published after install", seconds)
+    assert devices["allowMultipleAllocations"] is True
+    assert devices["capacity"]["replicas"]["value"] == "10"
+    assert devices["attributes"]["resource"] == {"string": GPU}
+    classes = {c["metadata"]["name"]: c for c in cluster.kubectl_json("get", "deviceclasses")["items"]}
+    assert classes["nvidia.com-gpu"]["spec"]["extendedResourceName"] == GPU
+    cluster.wait_for("the kubelet's registration", lambda: "Registered with the kubelet" in plugin_log(
+        cluster, release), 60, diagnose=lambda: plugin_log(cluster, release))
+
+
+def test_two_mps_claims_share_the_gpus_daemon_with_their_own_limits(
+        cluster: Cluster, release: Release, images: Images, timings: Timings) -> None:
+    cluster.apply([template("mps-small", mps(25, "2Gi")), template("mps-large", mps(50, "4Gi"))])
+    cluster.apply(pod("mps-a", images.plugin, "mps-small"))
+    seconds = start(cluster, release, images, ["mps-b"], "mps-large")
+    cluster.wait_for("pod mps-a Ready", lambda: phase(cluster, "mps-a") == "Ready", 60,
+                     diagnose=diagnose(cluster, release, "mps-a"))
+    timings.add(SCENARIO, "MPS claim (daemon started) -> pod Ready", seconds)
+    a, b = seen_in_pod(cluster, "mps-a")["env"], seen_in_pod(cluster, "mps-b")["env"]
+    for env in (a, b):
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+        assert env["NVIDIA_VISIBLE_DEVICES"] == T4_UUID
+    limits = ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+    assert tuple(a[k] for k in limits) == ("25", "0=2048M")
+    assert tuple(b[k] for k in limits) == ("50", "0=4096M")
+    # the daemon's control socket, reached through the mounted pipe folder, and the shared tmpfs
+    listing = cluster.exec(NAMESPACE, "mps-a", "ls", "/tmp/nvidia-mps")
+    assert "control" in listing.split(), listing
+    assert "tmpfs" in cluster.exec(NAMESPACE, "mps-a", "sh", "-c", "grep ' /dev/shm ' /proc/mounts")
+    assert host_file(cluster, f"{MPS_DAEMON_DIR}/.ready") is not None
+    assert host_file(cluster, f"{SIM_STATE_DIR}/compute-mode/{T4_UUID}") == "EXCLUSIVE_PROCESS"
+    delete_pods(cluster)
+    _, seconds = cluster.wait_for("the MPS daemon to stop with its last claim",
+                                  lambda: host_file(cluster, f"{MPS_DAEMON_DIR}/.ready") is None, 90,
+                                  diagnose=lambda: plugin_log(cluster, release))
+    timings.add(SCENARIO, "last MPS pod deleted -> daemon stopped", seconds)
+    assert host_file(cluster, f"{SIM_STATE_DIR}/compute-mode/{T4_UUID}") in (None, "DEFAULT")
+
+
+def test_a_time_slicing_class_sets_the_interval(cluster: Cluster, release: Release, images: Images,
+                                               timings: Timings) -> None:
+    cluster.wait_for("the MPS claims to go", lambda: no_claims_left(cluster), 90)
+    cluster.apply({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": TIMESLICE_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}],
+                 "config": [{"opaque": {"driver": DRIVER, "parameters": {
+                     **GPU_CONFIG, "sharing": {"strategy": "TimeSlicing",
+                                               "timeSlicingConfig": {"interval": "Long"}}}}}]},
+    })
+    cluster.apply(template("ts-long", device_class=TIMESLICE_CLASS))
+    seconds = start(cluster, release, images, ["ts"], "ts-long")
+    timings.add(SCENARIO, "TimeSlicing claim -> pod Ready", seconds)
+    assert host_file(cluster, f"{SIM_STATE_DIR}/timeslice/{T4_UUID}") == "3"
+    delete_pods(cluster)
+
+
+def test_invalid_sharing_config_is_refused_with_the_field(cluster: Cluster, release: Release,
+                                                          images: Images) -> None:
+    cluster.apply(template("mps-bad", mps(101, "1Gi")))
+    cluster.apply(pod("bad", images.plugin, "mps-bad"))
+
+    def refused() -> str | None:
+        events = cluster.kubectl_json("get", "events", "-n", NAMESPACE, "--field-selector",
+                                      "involvedObject.name=bad")["items"]
+        text = "\n".join(e.get("message", "") for e in events)
+        return text if "defaultActiveThreadPercentage" in text else None
+
+    message, _ = cluster.wait_for("the prepare error in the pod's events", refused, 90,
+                                  diagnose=diagnose(cluster, release, "bad"))
+    assert "101" in message and "invalid sharing config" in message, message
+    assert phase(cluster, "bad") == "Pending"
+    delete_pods(cluster)
+
+
+def test_ten_claims_run_on_ten_replicas_and_the_eleventh_waits(cluster: Cluster, release: Release,
+                                                               images: Images, timings: Timings) -> None:
+    cluster.wait_for("earlier claims to go", lambda: no_claims_left(cluster), 90)
+    cluster.apply(template("replica"))
+    names = [f"replica-{i}" for i in range(10)]
+    seconds = start(cluster, release, images, names, "replica", 180)
+    timings.add(SCENARIO, "10 claims -> 10 pods Ready", seconds)
+    cluster.apply(pod("replica-10", images.plugin, "replica"))
+    time.sleep(10)
+    assert phase(cluster, "replica-10") == "Pending"
+    found = cluster.kubectl_json("get", "pod", "-n", NAMESPACE, "replica-10")
+    (condition,) = [c for c in found["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert condition["status"] == "False", condition
+    delete_pods(cluster)
+
+
+def test_a_plain_gpu_pod_runs_through_the_extended_resource_class(cluster: Cluster, release: Release,
+                                                                  images: Images, timings: Timings) -> None:
+    cluster.wait_for("earlier claims to go", lambda: no_claims_left(cluster), 120)
+
+    def listed() -> bool:
+        node = cluster.kubectl_json("get", "node", cluster.node)
+        return GPU not in node["status"].get("allocatable", {})
+
+    _, waited = cluster.wait_for(f"the Node to list no {GPU} from an earlier device plugin", listed, 360,
+                                 every=5)
+    timings.add(SCENARIO, f"wait for the kubelet to drop an earlier {GPU}", waited)
+    timings.add(SCENARIO, f"plain pod ({GPU}: 1) -> Ready", start(cluster, release, images, ["plain"], None))
+    seen = seen_in_pod(cluster, "plain")
+    assert seen["env"]["NVIDIA_VISIBLE_DEVICES"] == T4_UUID
+    status = cluster.kubectl_json("get", "pod", "-n", NAMESPACE, "plain")["status"]
+    assert status.get("extendedResourceClaimStatus", {}).get("resourceClaimName"), status
+    delete_pods(cluster)
+
+
+def test_uninstall_leaves_no_slices_and_no_mps_daemon(cluster: Cluster, release: Release) -> None:
+    cluster.wait_for("claims to go", lambda: no_claims_left(cluster), 120)
+    release.uninstall()
+    cluster.wait_for("the slices to go", lambda: not slice_devices(cluster), 90)
+    assert host_file(cluster, f"{MPS_DAEMON_DIR}/.ready") is None
