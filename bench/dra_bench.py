@@ -3,6 +3,7 @@
     .venv/bin/python bench/dra_bench.py [--rounds 300]          # both parts
     .venv/bin/python bench/dra_bench.py --prepare               # NodePrepareResources only (root: mknod)
     .venv/bin/python bench/dra_bench.py --api [--minutes 2]     # API requests per node per hour
+    .venv/bin/python bench/dra_bench.py --mps [--rounds 40]     # prepare with MPS claim config (root)
     .venv/bin/python bench/dra_bench.py --quick                 # a smoke run of both
 
 **Prepare** times NodePrepareResources and NodeUnprepareResources as the kubelet calls them: a gRPC
@@ -12,6 +13,13 @@ fake driver root with real device nodes (the one `plugin_bench.py --cdi` builds)
 profile a100-sxm-8's inventory (`nvdp.inventory.profile`). Claims of 1 and of 8 GPUs come from an
 in-memory `get_claim`; each round prepares a fresh claim of each size and unprepares it, sizes
 alternating so both see the same load. Latencies are client-side, after 20 warm-up rounds.
+
+**MPS** times NodePrepareResources of a claim of 1 GPU carrying MPS config (GpuConfig, 25 % threads,
+2 GiB) on the same set-up, with `ClaimMps` supervising nvdp's MPS daemons (the stand-in
+`nvidia-cuda-mps-control` of sim/mps, compute modes not touched): *daemon not up* prepares and unprepares
+a lone MPS claim each round, so each prepare starts the GPU's daemon and waits until it answers, and each
+unprepare stops it; *daemon up* keeps another MPS claim prepared on the same (shared) GPU, so the
+prepare joins the running daemon.
 
 **API** runs the `SlicePublisher` with its watch against a throwaway etcd + kube-apiserver (the one
 the tests start, `tests/kube/envtest.py`, from $KUBEBUILDER_ASSETS), publishes the node's 8 devices,
@@ -32,6 +40,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -45,6 +54,7 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
+from msgspec.structs import replace  # noqa: E402
 from plugin_bench import _cdi_node, load_average, percentile, print_rows  # noqa: E402
 
 from nvdp.dra.devices import DraDevice, dra_devices  # noqa: E402
@@ -74,18 +84,43 @@ def quiet_log(name: str) -> logging.Logger:
 # --- NodePrepareResources / NodeUnprepareResources -------------------------------------------------
 
 
-def allocated_claim(name: str, uid: str, devices: Sequence[str]) -> dict[str, Any]:
-    """A ResourceClaim as the scheduler leaves it: allocated on this node's pool, reserved for a pod."""
-    results = [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
-    return {"metadata": {"namespace": NAMESPACE, "name": name, "uid": uid},
-            "status": {"allocation": {"devices": {"results": results}},
-                       "reservedFor": [{"resource": "pods", "name": f"pod-{name}", "uid": f"pod-{uid}"}]}}
+def allocated_claim(name: str, uid: str, devices: Sequence[str], sharing: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
+    """A ResourceClaim as the scheduler leaves it: allocated on this node's pool, reserved for a pod;
+    with `sharing`, a GpuConfig for its request and a share ID on each result (a shared GPU)."""
+    results: list[dict[str, Any]] = [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d}
+                                     for d in devices]
+    claim: dict[str, Any] = {
+        "metadata": {"namespace": NAMESPACE, "name": name, "uid": uid},
+        "status": {"allocation": {"devices": {"results": results}},
+                   "reservedFor": [{"resource": "pods", "name": f"pod-{name}", "uid": f"pod-{uid}"}]}}
+    if sharing is not None:
+        for result in results:
+            result["shareID"] = str(uuid.uuid4())
+        parameters = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing}
+        claim["spec"] = {"devices": {"config": [{"requests": ["gpus"],
+                                                 "opaque": {"driver": DRIVER, "parameters": parameters}}]}}
+    return claim
+
+
+class NoModes:
+    """Compute modes left alone: the stand-in NVML's are not what is measured."""
+
+    def set_exclusive(self, uuids: object) -> None:
+        pass
+
+    def restore(self, uuids: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 @contextmanager
-def dra_plugin(work: Path, inventory: Inventory, claims: Mapping[tuple[str, str], dict[str, Any]]
-               ) -> Iterator[str]:
-    """A DraServer serving a ClaimPreparer with the real CDI writer on a fake driver root; its socket."""
+def dra_plugin(work: Path, inventory: Inventory, claims: Mapping[tuple[str, str], dict[str, Any]],
+               mps: bool = False) -> Iterator[str]:
+    """A DraServer serving a ClaimPreparer with the real CDI writer on a fake driver root; its socket.
+    With `mps`, its GPUs are published shared (4 replicas) and MPS claims run nvdp's MPS daemons."""
     from nvdp.cdi.host import discover_host
     from nvdp.config.model import Config, Flags, PluginFlags
     from nvdp.dra.cdi_specs import ClaimSpecWriter
@@ -95,14 +130,28 @@ def dra_plugin(work: Path, inventory: Inventory, claims: Mapping[tuple[str, str]
     root, proc = _cdi_node(work, inventory)
     config = Config(flags=Flags(plugin=PluginFlags(container_driver_root=str(root))))
     facts = discover_host(config, inventory, sysfs_root=str(work / "sys"), proc_root=str(proc))
-    view = NodeView({d.name: d for d in dra_devices(inventory)})
+    devices = dra_devices(inventory)
+    if mps:
+        devices = tuple(replace(d, replicas=4, sharing="time-slicing") for d in devices)
+    view = NodeView({d.name: d for d in devices})
     plugin_dir = work / "plugins" / DRIVER
     plugin_dir.mkdir(parents=True)
     log = quiet_log("bench-dra-plugin")
+    sharing = None
+    if mps:
+        from nvdp.dra.mps import ClaimMps
+        from nvdp.dra.sharing import NodeSharing
+        from nvdp.recording import Recorder
+
+        mps_root = Path(tempfile.mkdtemp(prefix="mps", dir="/tmp"))  # unix socket paths are short
+        manager = ClaimMps(root=mps_root, host_root="/run/nvidia/mps", driver=DRIVER, inventory=inventory,
+                           node_replicas={}, modes_factory=NoModes, log=log, recorder=Recorder())
+        sharing = NodeSharing(driver=DRIVER, mps=manager, log=log, no_mps_reason="")
     preparer = ClaimPreparer(driver=DRIVER, pool=NODE, checkpoint_path=str(plugin_dir / "checkpoint.json"),
                              lock_path=str(plugin_dir / "pu.lock"),
                              specs=ClaimSpecWriter(str(work / "cdi"), config, inventory, facts),
-                             get_claim=lambda ns, name: claims.get((ns, name)), view=lambda: view, log=log)
+                             get_claim=lambda ns, name: claims.get((ns, name)), view=lambda: view, log=log,
+                             sharing=sharing)
     preparer.restore(None)
     server = DraServer(driver=DRIVER, plugin_dir=str(plugin_dir), registry_dir=str(work / "registry"),
                        prepare=preparer.prepare, unprepare=preparer.unprepare, log=log,
@@ -112,6 +161,9 @@ def dra_plugin(work: Path, inventory: Inventory, claims: Mapping[tuple[str, str]
         yield server.plugin_socket
     finally:
         server.stop()
+        if sharing is not None:
+            sharing.stop()
+            shutil.rmtree(mps_root, ignore_errors=True)
 
 
 def bench_prepare(rounds: int) -> list[tuple[str, ...]]:
@@ -154,6 +206,62 @@ def bench_prepare(rounds: int) -> list[tuple[str, ...]]:
     for (call, size), values in times.items():
         table.append((f"Node{call.capitalize()}Resources", f"{size} GPU{'s' if size > 1 else ''}",
                       f"{percentile(values, 50):.2f} ms", f"{percentile(values, 99):.2f} ms"))
+    return table
+
+
+def bench_mps(rounds: int) -> list[tuple[str, ...]]:
+    """Prepare p50 / p99 of an MPS claim of 1 GPU, with its GPU's MPS daemon not up, and up."""
+    from nvdp.dra.api import dra_v1_pb2 as api
+    from nvdp.dra.api import dra_v1_pb2_grpc
+    from nvdp.plugin.grpc_import import grpc
+    from sim.mps import BIN_DIR
+
+    os.environ["PATH"] = f"{BIN_DIR}:{os.environ['PATH']}"
+    inventory = load_profile(PROFILE)
+    gpu0 = dra_devices(inventory)[0].name
+    sharing = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 25,
+                                                "defaultPinnedDeviceMemoryLimit": "2Gi"}}
+    claims: dict[tuple[str, str], dict[str, Any]] = {}
+    times: dict[str, list[float]] = {"not up": [], "up": []}
+    with tempfile.TemporaryDirectory(prefix="nvdp-bench-dra-") as tmp, \
+            dra_plugin(Path(tmp), inventory, claims, mps=True) as socket_path, \
+            grpc.insecure_channel(f"unix://{socket_path}") as channel:
+        stub: Any = dra_v1_pb2_grpc.DRAPluginStub(channel)  # type: ignore[no-untyped-call]
+
+        def one(name: str) -> tuple[Any, float]:
+            uid = str(uuid.uuid4())
+            claims[(NAMESPACE, name)] = allocated_claim(name, uid, [gpu0], sharing)
+            claim = api.Claim(namespace=NAMESPACE, uid=uid, name=name)
+            t0 = time.perf_counter()
+            answer = stub.NodePrepareResources(api.NodePrepareResourcesRequest(claims=[claim]),
+                                               timeout=CALL_TIMEOUT_S).claims[uid]
+            if answer.error:
+                raise RuntimeError(f"MPS claim {name}: {answer.error}")
+            return claim, (time.perf_counter() - t0) * 1000
+
+        def done(claim: Any) -> None:
+            stub.NodeUnprepareResources(api.NodeUnprepareResourcesRequest(claims=[claim]),
+                                        timeout=CALL_TIMEOUT_S)
+
+        warmup = 3
+        # A lone claim: its prepare starts the daemon, its unprepare stops it.
+        for n in range(warmup + rounds):
+            claim, ms = one(f"lone-{n}")
+            done(claim)
+            if n >= warmup:
+                times["not up"].append(ms)
+        anchor, _ = one("anchor")
+        for n in range(warmup + rounds):  # the anchor keeps the daemon up: a prepare joins it
+            claim, ms = one(f"joining-{n}")
+            done(claim)
+            if n >= warmup:
+                times["up"].append(ms)
+        done(anchor)
+    table: list[tuple[str, ...]] = [("NodePrepareResources, MPS claim of 1 GPU", f"p50 ({rounds} calls)",
+                                     "p99")]
+    for case, values in times.items():
+        table.append((f"its GPU's MPS daemon {case}", f"{percentile(values, 50):.1f} ms",
+                      f"{percentile(values, 99):.1f} ms"))
     return table
 
 
@@ -282,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Benchmark the DRA plugin: prepare latency, API traffic.")
     parser.add_argument("--prepare", action="store_true", help="NodePrepareResources / Unprepare only")
     parser.add_argument("--api", action="store_true", help="API requests per node per hour only")
+    parser.add_argument("--mps", action="store_true", help="NodePrepareResources of MPS claims only")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 50 rounds, 0.5 min")
     parser.add_argument("--rounds", type=int, default=300, help="prepare+unprepare rounds per claim size")
     parser.add_argument("--minutes", type=float, default=2.0, help="steady-state window of --api")
@@ -292,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-timeouts", action="store_true",
                         help="keep the watch's own 15-30 min timeout and extrapolate the raw count")
     args = parser.parse_args(argv)
-    both = not (args.prepare or args.api)
+    both = not (args.prepare or args.api or args.mps)
     rounds, minutes = (50, 0.5) if args.quick else (args.rounds, args.minutes)
     print(f"load average: {load_average()}")
     try:
@@ -301,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
                 print("skipped the prepare part: the fake driver root's device nodes need root (mknod)")
             else:
                 print_rows(bench_prepare(rounds))
+        if args.mps:
+            if os.geteuid() != 0:
+                print("skipped the MPS part: the fake driver root's device nodes need root (mknod)")
+            else:
+                print_rows(bench_mps(min(rounds, 40) if args.quick else rounds))
         if args.api or both:
             print()
             print_rows(bench_api(minutes, args.republish_s, None if args.real_timeouts else args.watch_cycle))
