@@ -46,7 +46,7 @@ def test_dra_renders_its_objects_and_no_device_plugin(values: dict[str, Any]) ->
     objects = dra_render(values)
     assert names(objects, "DaemonSet") == {DAEMONSET}
     assert {o["kind"] for o in objects} >= DRA_OBJECTS
-    assert names(objects, "DeviceClass") == {"gpu.nvidia.com", "mig.nvidia.com"}
+    assert names(objects, "DeviceClass") == {"gpu.nvidia.com", "mig.nvidia.com", "nvidia.com-gpu"}
     assert_valid(objects, DRA_VERSIONS)
 
 
@@ -108,7 +108,7 @@ def test_the_device_plugins_config_driver_and_cdi_settings_reach_the_dra_plugin(
     assert volumes["available-configs"]["configMap"]["name"] == "nvdp-nvidia-device-plugin-configs"
     assert volumes["cdi-hook-dir"]["hostPath"]["path"] == "/usr/local/nvidia/toolkit"
     # Device-plugin-only settings stay out.
-    for name in ("DEVICE_PLUGIN_PATH", "MPS_ROOT", "DEVICE_LIST_STRATEGY", "PASS_DEVICE_SPECS"):
+    for name in ("DEVICE_PLUGIN_PATH", "DEVICE_LIST_STRATEGY", "PASS_DEVICE_SPECS"):
         assert name not in variables
 
 
@@ -123,7 +123,7 @@ def test_custom_folders_and_driver_name_follow_through() -> None:
     mounts = {m["name"]: m["mountPath"] for m in container(ds, CTR)["volumeMounts"]}
     assert mounts["plugin-dir"] == "/data/kubelet/plugins/gpu.example.com"
     classes = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DeviceClass"}
-    assert set(classes) == {"gpu.example.com", "mig.example.com"}
+    assert set(classes) == {"gpu.example.com", "mig.example.com", "nvidia.com-gpu"}
     assert classes["gpu.example.com"]["spec"]["selectors"][0]["cel"]["expression"] == (
         "device.driver == 'gpu.example.com' && device.attributes['gpu.example.com'].type == 'gpu'")
     (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
@@ -225,6 +225,9 @@ def test_checkov_finds_only_what_is_accepted_for_the_device_plugin(tmp_path: Pat
     failed = {(c["check_id"], component(c["resource"]), c["resource"])
               for r in reports for c in r["results"]["failed_checks"]}  # fmt: skip
     assert any(DAEMONSET in resource for _, _, resource in failed)  # the DRA DaemonSet was checked
+    # Host PID as the MPS daemon's (dra.mps): the plugin runs MPS control daemons (chart README, DRA).
+    assert ("CKV_K8S_17", "device-plugin", f"DaemonSet.{NAMESPACE}.{DAEMONSET}") in failed
+    failed.discard(("CKV_K8S_17", "device-plugin", f"DaemonSet.{NAMESPACE}.{DAEMONSET}"))
     unexplained = sorted(f for f in failed if f[1] not in ACCEPTED.get(f[0], set()))
     assert not unexplained, unexplained
 
@@ -243,3 +246,92 @@ def test_helm_test_asks_for_the_gpu_through_a_claim_in_dra_mode() -> None:
     assert "nvidia.com/gpu" not in resources["limits"], "no device-plugin resource on a DRA node"
     plain = [o for o in render().objects if o["kind"] == "Pod"]
     assert plain and plain[0]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+MPS_ROOT = "/run/nvidia/mps"
+
+
+def mps_parts(ds: Manifest) -> dict[str, Any]:
+    """What dra.mps adds to the pod: host PID or a shared process namespace, init containers, the MPS
+    root's env, mounts and volumes."""
+    pod = ds["spec"]["template"]["spec"]
+    ctr = container(ds, CTR)
+    return {
+        "hostPID": pod.get("hostPID"),
+        "shareProcessNamespace": pod.get("shareProcessNamespace"),
+        "initContainers": pod.get("initContainers", []),
+        "MPS_ROOT": env(ctr).get("MPS_ROOT"),
+        "mounts": {m["name"]: m for m in ctr["volumeMounts"] if m["name"].startswith("mps-")},
+        "volumes": {v["name"]: v for v in pod["volumes"] if v["name"].startswith("mps-")},
+    }
+
+
+def test_the_dra_plugin_pod_has_what_running_mps_daemons_needs() -> None:
+    ds = daemonset()
+    parts = mps_parts(ds)
+    assert parts["hostPID"] is True and parts["shareProcessNamespace"] is None
+    assert parts["MPS_ROOT"] == MPS_ROOT
+    (init,) = parts["initContainers"]
+    assert init["command"] == ["mps-control-daemon", "mount-shm"]
+    assert init["image"] == container(ds, CTR)["image"], "the plugin image: one wheel for all images"
+    assert init["imagePullPolicy"] == container(ds, CTR)["imagePullPolicy"]
+    assert env(init) == {"MPS_ROOT": MPS_ROOT, "MPS_MOUNT_IN_HOST_NAMESPACE": "true"}
+    assert init["securityContext"] == {"privileged": True}
+    assert init["volumeMounts"] == [{"name": "mps-root", "mountPath": "/mps"}]
+    assert parts["mounts"] == {
+        "mps-root": {"name": "mps-root", "mountPath": "/mps", "mountPropagation": "HostToContainer"},
+        "mps-shm": {"name": "mps-shm", "mountPath": "/dev/shm", "mountPropagation": "HostToContainer"},
+    }
+    assert parts["volumes"] == {
+        "mps-root": {"name": "mps-root", "hostPath": {"path": MPS_ROOT, "type": "DirectoryOrCreate"}},
+        "mps-shm": {"name": "mps-shm", "hostPath": {"path": f"{MPS_ROOT}/shm", "type": "DirectoryOrCreate"}},
+    }
+
+
+def test_the_dra_plugins_mps_parts_match_the_mps_daemons() -> None:
+    # The MPS control-daemon DaemonSet (device-plugin mode, a config that uses MPS) is the model.
+    mps_config = "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n"
+    for host_pid in (True, False):
+        values = {"mps": {"root": "/var/run/mps/", "enableHostPID": host_pid}}
+        ds = daemonset(values)
+        rendered = render({**values, "config": {"map": {"c": mps_config}}})
+        daemon = rendered.daemonsets()["nvdp-nvidia-device-plugin-mps-control-daemon"]
+        ours, theirs = ds["spec"]["template"]["spec"], daemon["spec"]["template"]["spec"]
+        for key in ("hostPID", "shareProcessNamespace"):
+            assert ours.get(key) == theirs.get(key), key
+        (init,) = ours["initContainers"]
+        (model,) = theirs["initContainers"]
+        for key in ("command", "env", "securityContext", "volumeMounts"):
+            assert init[key] == model[key], key
+        daemon_ctr = container(daemon, "mps-control-daemon-ctr")
+        assert env(container(ds, CTR))["MPS_ROOT"] == env(daemon_ctr)["MPS_ROOT"] == "/var/run/mps/"
+        model_mounts = {m["name"]: m for m in daemon_ctr["volumeMounts"] if m["name"].startswith("mps-")}
+        assert mps_parts(ds)["mounts"] == model_mounts
+        model_volumes = {v["name"]: v for v in theirs["volumes"] if v["name"].startswith("mps-")}
+        assert mps_parts(ds)["volumes"] == model_volumes
+    parts = mps_parts(daemonset({"mps": {"enableHostPID": False}}))
+    assert parts["hostPID"] is None and parts["shareProcessNamespace"] is True
+    (init,) = parts["initContainers"]
+    bidirectional = {"name": "mps-root", "mountPath": "/mps", "mountPropagation": "Bidirectional"}
+    assert init["volumeMounts"] == [bidirectional]
+    assert env(init)["MPS_MOUNT_IN_HOST_NAMESPACE"] == "false"
+
+
+def test_without_dra_mps_the_pod_has_none_of_it() -> None:
+    ds = daemonset({"dra": {"mps": False}, "mps": {"enableHostPID": True}})
+    assert mps_parts(ds) == {"hostPID": None, "shareProcessNamespace": None, "initContainers": [],
+                             "MPS_ROOT": None, "mounts": {}, "volumes": {}}  # fmt: skip
+    assert "initContainers" not in ds["spec"]["template"]["spec"]
+    assert_valid([ds], DRA_VERSIONS)
+
+
+def test_the_init_container_takes_the_images_and_resources_settings() -> None:
+    values = {"image": {"repository": "registry.example.com/nvdp", "tag": "9.9.9", "pullPolicy": "Always"},
+              "mpsImage": {"repository": "registry.example.com/other", "pullPolicy": "Never"},
+              "resources": {"limits": {"memory": "256Mi"}}}  # fmt: skip
+    ds = daemonset(values)
+    (init,) = ds["spec"]["template"]["spec"]["initContainers"]
+    assert init["image"] == "registry.example.com/nvdp:9.9.9"
+    assert init["imagePullPolicy"] == "Always"
+    assert init["resources"] == {"limits": {"memory": "256Mi"}}
+    assert_valid([ds], DRA_VERSIONS)

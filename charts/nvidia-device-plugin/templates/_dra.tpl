@@ -32,3 +32,44 @@ that of cdi.nvidiaHookPath or the inline entries' nvidiaCTKPath, when absolute; 
 {{- dir $path -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The CEL every class of full GPUs starts from: this driver's devices of type gpu. */}}
+{{- define "nvidia-device-plugin.draGpuSelector" -}}
+{{- printf "device.driver == '%s' && device.attributes['%s'].type == 'gpu'" .Values.dra.driverName .Values.dra.driverName -}}
+{{- end -}}
+
+{{/*
+The DeviceClass of an extended resource name (dra.extendedResourceNames): the name with "/" replaced
+by "-", so nvidia.com/gpu gives nvidia.com-gpu. Called with the name.
+*/}}
+{{- define "nvidia-device-plugin.draExtendedClassName" -}}
+{{- replace "/" "-" (toString .) -}}
+{{- end -}}
+
+{{/* Whether a string is a DNS subdomain of at most 253 characters (object names, resource domains). */}}
+{{- define "nvidia-device-plugin.isDnsSubdomain" -}}
+{{- $value := toString . -}}
+{{- if and (le (len $value) 253) (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" $value) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Why a string is not an extended resource name, as the API server judges one (a DeviceClass's
+spec.extendedResourceName, a container's resources): empty when it is one. It must be <domain>/<name>
+outside kubernetes.io, not start with "requests.", and "requests.<name>" must be a qualified name
+(what quota makes of it): a DNS subdomain of at most 244 characters, then a name of at most 63.
+*/}}
+{{- define "nvidia-device-plugin.extendedResourceNameProblem" -}}
+{{- $value := toString . -}}
+{{- $parts := splitList "/" $value -}}
+{{- if ne (len $parts) 2 -}}
+it must be <domain>/<name>, with exactly one '/'
+{{- else if contains "kubernetes.io/" $value -}}
+the kubernetes.io domains are Kubernetes' own
+{{- else if hasPrefix "requests." $value -}}
+names starting with 'requests.' are taken by resource quotas
+{{- else if or (gt (len (first $parts)) 244) (not (include "nvidia-device-plugin.isDnsSubdomain" (first $parts))) -}}
+its domain must be a lower-case DNS subdomain of at most 244 characters
+{{- else if or (gt (len (last $parts)) 63) (not (regexMatch "^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$" (last $parts))) -}}
+the part after '/' must be at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit
+{{- end -}}
+{{- end -}}
