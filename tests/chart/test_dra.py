@@ -275,7 +275,9 @@ def test_the_dra_plugin_pod_has_what_running_mps_daemons_needs() -> None:
     assert init["command"] == ["mps-control-daemon", "mount-shm"]
     assert init["image"] == container(ds, CTR)["image"], "the plugin image: one wheel for all images"
     assert init["imagePullPolicy"] == container(ds, CTR)["imagePullPolicy"]
-    assert env(init) == {"MPS_ROOT": MPS_ROOT, "MPS_MOUNT_IN_HOST_NAMESPACE": "true"}
+    # its own folder, apart from the MPS control-daemon DaemonSet's: <root>/<driver>/shm
+    assert env(init) == {"MPS_ROOT": f"{MPS_ROOT}/gpu.nvidia.com",
+                         "MPS_CONTAINER_ROOT": "/mps/gpu.nvidia.com", "MPS_MOUNT_IN_HOST_NAMESPACE": "true"}
     assert init["securityContext"] == {"privileged": True}
     assert init["volumeMounts"] == [{"name": "mps-root", "mountPath": "/mps"}]
     assert parts["mounts"] == {
@@ -284,7 +286,8 @@ def test_the_dra_plugin_pod_has_what_running_mps_daemons_needs() -> None:
     }
     assert parts["volumes"] == {
         "mps-root": {"name": "mps-root", "hostPath": {"path": MPS_ROOT, "type": "DirectoryOrCreate"}},
-        "mps-shm": {"name": "mps-shm", "hostPath": {"path": f"{MPS_ROOT}/shm", "type": "DirectoryOrCreate"}},
+        "mps-shm": {"name": "mps-shm", "hostPath": {"path": f"{MPS_ROOT}/gpu.nvidia.com/shm",
+                                                    "type": "DirectoryOrCreate"}},
     }
 
 
@@ -301,13 +304,17 @@ def test_the_dra_plugins_mps_parts_match_the_mps_daemons() -> None:
             assert ours.get(key) == theirs.get(key), key
         (init,) = ours["initContainers"]
         (model,) = theirs["initContainers"]
-        for key in ("command", "env", "securityContext", "volumeMounts"):
+        for key in ("command", "securityContext", "volumeMounts"):
             assert init[key] == model[key], key
+        # the same settings, on the plugin's own folder: <root>/<driver>, where its tmpfs goes
+        assert env(init) == {**env(model), "MPS_ROOT": "/var/run/mps/gpu.nvidia.com",
+                             "MPS_CONTAINER_ROOT": "/mps/gpu.nvidia.com"}
         daemon_ctr = container(daemon, "mps-control-daemon-ctr")
         assert env(container(ds, CTR))["MPS_ROOT"] == env(daemon_ctr)["MPS_ROOT"] == "/var/run/mps/"
         model_mounts = {m["name"]: m for m in daemon_ctr["volumeMounts"] if m["name"].startswith("mps-")}
         assert mps_parts(ds)["mounts"] == model_mounts
         model_volumes = {v["name"]: v for v in theirs["volumes"] if v["name"].startswith("mps-")}
+        model_volumes["mps-shm"]["hostPath"]["path"] = "/var/run/mps/gpu.nvidia.com/shm"
         assert mps_parts(ds)["volumes"] == model_volumes
     parts = mps_parts(daemonset({"mps": {"enableHostPID": False}}))
     assert parts["hostPID"] is None and parts["shareProcessNamespace"] is True

@@ -277,7 +277,7 @@ class FakeMps:
         from nvdp.dra.mps import MpsMount
 
         return MpsMount(pipe_dir=f"/run/nvidia/mps/gpu.nvidia.com/{gpus[0]}/pipe",
-                        shm_dir="/run/nvidia/mps/shm")
+                        shm_dir="/run/nvidia/mps/gpu.nvidia.com/shm")
 
     def release(self, claim_uid: str) -> None:
         self.using.pop(claim_uid, None)
@@ -332,7 +332,8 @@ def test_mps_claims_on_one_gpu_share_its_daemon_with_their_own_limits(tmp_path: 
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M" in edits_a.env
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in edits_b.env
     assert {(m.host_path, m.container_path) for m in edits_a.mounts} == {
-        ("/run/nvidia/mps/shm", "/dev/shm"), ("/run/nvidia/mps/gpu.nvidia.com/GPU-0/pipe", "/tmp/nvidia-mps")}
+        ("/run/nvidia/mps/gpu.nvidia.com/shm", "/dev/shm"),
+        ("/run/nvidia/mps/gpu.nvidia.com/GPU-0/pipe", "/tmp/nvidia-mps")}
     # the checkpoint keeps the share: a restarted plugin starts the daemon again for both
     mps2 = FakeMps()
     sharing_preparer(tmp_path, Cluster(a, b), Specs(), mps2).restore(None)

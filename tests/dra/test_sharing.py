@@ -229,7 +229,7 @@ def test_claims_on_one_gpu_share_its_daemon_until_the_last_is_gone(claim_mps: tu
     second = manager.use("claim-2", [g0])
     assert first == second
     assert first.pipe_dir == f"/run/nvidia/mps/gpu.nvidia.com/{g0}/pipe"
-    assert first.shm_dir == "/run/nvidia/mps/shm"
+    assert first.shm_dir == "/run/nvidia/mps/gpu.nvidia.com/shm"
     assert (mps_root / "gpu.nvidia.com" / g0 / ".ready").exists()
     assert modes.calls == [("EXCLUSIVE_PROCESS", [g0])]
     manager.release("claim-1")

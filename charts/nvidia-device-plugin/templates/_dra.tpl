@@ -73,3 +73,8 @@ its domain must be a lower-case DNS subdomain of at most 244 characters
 the part after '/' must be at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit
 {{- end -}}
 {{- end -}}
+
+{{/* The DRA plugin's MPS folder on the node: its daemons' state and the tmpfs their clients share. */}}
+{{- define "nvidia-device-plugin.draMpsDir" -}}
+{{- printf "%s/%s" (trimSuffix "/" .Values.mps.root) .Values.dra.driverName -}}
+{{- end }}

@@ -7,10 +7,11 @@ unprepared. Each claim's own limits reach its containers as the MPS client varia
 (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) in its CDI spec; the daemon's
 defaults are the node's (its sharing.mps replicas) or the whole GPU.
 
-The daemons are `nvdp.mps.supervisor.ResourceDaemon`s, as the MPS control-daemon DaemonSet runs them
-in device-plugin mode: same start-up checks, probes, restarts, status file and readiness marker, under
-`<MPS root>/<driver>/<name>/`. They run in the DRA plugin's container, so a prepare waits for its
-daemon to answer and fails with the daemon's own error when it does not.
+The daemons are `nvdp.mps.supervisor.ResourceDaemon`s, as the MPS control-daemon DaemonSet runs them in
+device-plugin mode: same start-up checks, probes, restarts, status file and readiness marker, under
+`<MPS root>/<driver>/<name>/`, their clients' /dev/shm at `<MPS root>/<driver>/shm`. They run in the DRA
+plugin's container, so a prepare waits for its daemon to answer and fails with the daemon's own error
+when it does not.
 """
 
 from __future__ import annotations
@@ -113,7 +114,10 @@ class ClaimMps:
 
     def mount(self, gpus: Sequence[str]) -> MpsMount:
         name = daemon_name(self.driver, self._key(gpus))
-        return MpsMount(pipe_dir=f"{self.host_root}/{name}/pipe", shm_dir=f"{self.host_root}/shm")
+        # The DRA plugin's own tmpfs (the chart's init container mounts it), apart from the MPS
+        # control-daemon DaemonSet's <root>/shm, so neither pod's start or stop swaps the other's.
+        return MpsMount(pipe_dir=f"{self.host_root}/{name}/pipe",
+                        shm_dir=f"{self.host_root}/{self.driver}/shm")
 
     def release(self, claim_uid: str) -> None:
         """The claim no longer uses MPS; its daemon stops when no other claim does."""
