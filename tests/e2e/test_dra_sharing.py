@@ -20,6 +20,7 @@ users already have for the device plugin), on the fake driver root of the CDI sc
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +29,7 @@ import pytest
 
 from .e2e_cluster import DATA, GPU, MPS_ROOT, SIM_STATE_DIR, Cluster, Images, Release, Timings
 from .test_cdi import T4_UUID, HostSetup, make_host, remove_host
-from .test_dra import CLAIM_SPEC_PREFIX, DRIVER, seen_in_pod, slice_devices
+from .test_dra import CLAIM_SPEC_PREFIX, DRIVER, slice_devices
 
 SCENARIO = "DRA sharing"
 pytestmark = pytest.mark.incremental
@@ -135,6 +136,12 @@ def no_claims_left(cluster: Cluster) -> bool:
     return not cluster.kubectl_json("get", "resourceclaims", "-n", NAMESPACE)["items"]
 
 
+def env_in(cluster: Cluster, name: str) -> dict[str, str]:
+    script = "import json, os; print(json.dumps(dict(os.environ)))"
+    found: dict[str, str] = json.loads(cluster.exec(NAMESPACE, name, "python", "-c", script))
+    return found
+
+
 def host_file(cluster: Cluster, path: str) -> str | None:
     done = cluster.host(f"cat {path}", check=False)
     return done.stdout.strip() if done.returncode == 0 else None
@@ -172,7 +179,7 @@ def test_two_mps_claims_share_the_gpus_daemon_with_their_own_limits(
     cluster.wait_for("pod mps-a Ready", lambda: phase(cluster, "mps-a") == "Ready", 60,
                      diagnose=diagnose(cluster, release, "mps-a"))
     timings.add(SCENARIO, "MPS claim (daemon started) -> pod Ready", seconds)
-    a, b = seen_in_pod(cluster, "mps-a")["env"], seen_in_pod(cluster, "mps-b")["env"]
+    a, b = env_in(cluster, "mps-a"), env_in(cluster, "mps-b")
     for env in (a, b):
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
         assert env["NVIDIA_VISIBLE_DEVICES"] == T4_UUID
@@ -256,8 +263,7 @@ def test_a_plain_gpu_pod_runs_through_the_extended_resource_class(cluster: Clust
                                  every=5)
     timings.add(SCENARIO, f"wait for the kubelet to drop an earlier {GPU}", waited)
     timings.add(SCENARIO, f"plain pod ({GPU}: 1) -> Ready", start(cluster, release, images, ["plain"], None))
-    seen = seen_in_pod(cluster, "plain")
-    assert seen["env"]["NVIDIA_VISIBLE_DEVICES"] == T4_UUID
+    assert env_in(cluster, "plain")["NVIDIA_VISIBLE_DEVICES"] == T4_UUID
     status = cluster.kubectl_json("get", "pod", "-n", NAMESPACE, "plain")["status"]
     assert status.get("extendedResourceClaimStatus", {}).get("resourceClaimName"), status
     delete_pods(cluster)
