@@ -83,6 +83,18 @@ def node_mode(config: Config, env: Mapping[str, str]) -> Mode:
     return mode if mode is not None else default_mode(env)
 
 
+def follower_mode(config: Config, env: Mapping[str, str]) -> Mode:
+    """The mode for the daemons beside the DRA plugin (device plugin, MPS daemon, labeller): DRA mode
+    needs a DRA plugin deployed (the chart sets DRA_DRIVER_NAME and NVDP_DEFAULT_MODE with
+    dra.enabled); without one the config is refused, as the chart refuses such an entry at install."""
+    mode = node_mode(config, env)
+    if mode == "dra" and driver_name(env) is None and not env.get(DEFAULT_MODE_ENV, "").strip():
+        raise InvalidMode(f"{config.source}: flags.mode is dra, but no DRA plugin runs beside this daemon "
+                          f"({DRIVER_ENV} and {DEFAULT_MODE_ENV} are unset: the chart's dra.enabled is "
+                          "false); set dra.enabled=true, or remove flags.mode from the entry")
+    return mode
+
+
 def driver_name(env: Mapping[str, str]) -> str | None:
     """The DRA driver beside this daemon (env DRA_DRIVER_NAME, which the chart sets only with
     dra.enabled); None when no DRA plugin is deployed."""

@@ -28,6 +28,7 @@ from nvdp.mode import (
     default_mode,
     device_plugin_resources,
     extended_resources,
+    follower_mode,
     gpu_pods,
     node_mode,
     planned_resources,
@@ -90,6 +91,19 @@ def test_a_bad_default_names_the_variable_and_the_values() -> None:
     message = str(caught.value)
     assert "NVDP_DEFAULT_MODE is 'DRA'" in message and "device-plugin or dra" in message
     assert "dra.defaultMode" in message
+
+
+def test_dra_mode_needs_a_dra_plugin_beside_the_other_daemons() -> None:
+    dra = config("version: v1\nflags:\n  mode: dra\n")
+    with pytest.raises(InvalidMode) as caught:
+        follower_mode(dra, {})
+    assert str(caught.value) == (
+        "entry.yaml: flags.mode is dra, but no DRA plugin runs beside this daemon (DRA_DRIVER_NAME and "
+        "NVDP_DEFAULT_MODE are unset: the chart's dra.enabled is false); set dra.enabled=true, or remove "
+        "flags.mode from the entry")
+    assert follower_mode(dra, {"DRA_DRIVER_NAME": "gpu.nvidia.com"}) == "dra"
+    assert follower_mode(config("version: v1\n"), {DEFAULT_MODE_ENV: "dra"}) == "dra"
+    assert follower_mode(config("version: v1\n"), {}) == "device-plugin"
 
 
 def test_the_driver_default_is_the_dra_plugins() -> None:

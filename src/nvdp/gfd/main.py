@@ -30,7 +30,7 @@ from nvdp.gfd.labels import HostFacts, LabelError
 from nvdp.gfd.options import GFD_ENV_VARS, ProcessOptions, parse_duration, parse_options
 from nvdp.gfd.publish import FileOutput, NodeFeatureOutput, NodeOutput, Output
 from nvdp.inventory.model import Inventory
-from nvdp.mode import ModeGate, NodeApi, driver_name, node_mode
+from nvdp.mode import ModeGate, NodeApi, driver_name, follower_mode
 from nvdp.nodeconfig import Chosen, NodeConfig
 from nvdp.recording import Recorder
 from nvdp.runloop import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Inbox, Wake, Wakes
@@ -221,7 +221,7 @@ class ConfigLoader:
                 config = load_config(path, self.env, self.opts.overrides, env_vars=GFD_ENV_VARS)
         except ConfigError as e:
             raise ConfigRefused(str(e)) from None
-        mode = node_mode(config, self.env)
+        mode = follower_mode(config, self.env)
         self.gate.check(mode)
         self.gate.enter(mode)
         if chosen is not None:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from nvdp import __version__, runloop
 from nvdp.endpoints import HttpEndpoints, Response, parse_address
-from nvdp.mode import ModeGate, NodeApi, driver_name, node_mode
+from nvdp.mode import ModeGate, NodeApi, driver_name, follower_mode
 from nvdp.mps.commands import MpsConfigError, MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeModes
 from nvdp.mps.daemons import Daemons, plan_mps
@@ -108,7 +108,7 @@ def load_settings(
         path = str(chosen.path) if chosen.path is not None else None
         config = load_config(path, env, overrides_from_args(args))
     modes_factory = partial(NvmlComputeModes, config.flags.plugin.container_driver_root)
-    mode = node_mode(config, os.environ)
+    mode = follower_mode(config, os.environ)
     if gate is not None:
         gate.check(mode)
     if mode == "dra":

@@ -94,12 +94,12 @@ class PluginProcess:
     def prepare(self, chosen: Chosen | None) -> Prepared:
         """Config, mode, GPUs, plan and CDI specs; raises StartupError / NvmlMissing, or the mode gate's
         ConfigRefused (a mode switch that may not happen now), changing nothing."""
-        from nvdp.mode import node_mode
+        from nvdp.mode import follower_mode
 
         path = chosen.path if chosen is not None else None
         config = load_config(self.args, self.env, path, per_node=self.node_config is not None)
         self.log.info("Configuration from %s%s", config.source, f", {chosen.describe()}" if chosen else "")
-        mode = node_mode(config, self.env)
+        mode = follower_mode(config, self.env)
         assert self.gate is not None
         self.gate.check(mode)
         if mode == "dra":  # the DRA plugin serves this node's GPUs: read nothing, advertise nothing
