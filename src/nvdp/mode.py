@@ -220,20 +220,44 @@ def device_plugin_resources(allocatable: Mapping[str, str], planned: Collection[
             if ours(name) and _quantity_above_zero(value)]
 
 
-class NodeApi:
-    """What the mode policy reads from the API server about one node (through nvdp.kube)."""
+def unbound_claims(claims: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], *, driver: str,
+                   node: str) -> list[GpuPod]:
+    """Claims allocated from this node's pool that no pod bound to the node references: the scheduler
+    allocated them and is binding their pod here (or just did)."""
+    referenced = {(str((pod.get("metadata") or {}).get("namespace", "")), claim)
+                  for pod in pods for claim in claim_names(pod)}
+    found = []
+    for claim in claims:
+        meta = claim.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if key not in referenced and claim_on_node(claim, driver=driver, node=node):
+            found.append(GpuPod(*key, "a claim allocated here, its pod not bound yet"))
+    return found
 
-    def __init__(self, client: Any, node: str, driver: str | None) -> None:
+
+class NodeApi:
+    """What the mode policy reads from the API server about one node (through nvdp.kube).
+
+    `all_claims`: also list every ResourceClaim, for claims allocated from this node's pool whose pod is
+    not bound yet (the DRA plugin, which may list claims, leaving DRA mode).
+    """
+
+    def __init__(self, client: Any, node: str, driver: str | None, *, all_claims: bool = False) -> None:
         self.client = client
         self.node = node
         self.driver = driver
+        self.all_claims = all_claims
 
     def gpu_pods(self) -> list[GpuPod]:
-        from nvdp.kube import get_claim, list_node_pods
+        from nvdp.kube import get_claim, list_claims, list_node_pods
 
         client = self.client
-        return gpu_pods(list_node_pods(client, self.node), lambda ns, name: get_claim(client, ns, name),
-                        driver=self.driver, node=self.node)
+        pods = list_node_pods(client, self.node)
+        found = gpu_pods(pods, lambda ns, name: get_claim(client, ns, name), driver=self.driver,
+                         node=self.node)
+        if self.all_claims and self.driver is not None:
+            found += unbound_claims(list_claims(client), pods, driver=self.driver, node=self.node)
+        return found
 
     def allocatable(self) -> dict[str, str]:
         """The Node's allocatable, as the kubelet last reported it."""

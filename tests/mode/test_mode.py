@@ -33,6 +33,7 @@ from nvdp.mode import (
     node_mode,
     planned_resources,
     refusal,
+    unbound_claims,
 )
 from nvdp.nodechoice import RETRY_PENDING_S, ConfigPending, ConfigRefused, NodeConfigRule
 from nvdp.nodeconfig import Chosen
@@ -141,6 +142,19 @@ def test_without_a_driver_only_extended_resources_count() -> None:
 def test_a_deleted_claim_holds_nothing() -> None:
     found = gpu_pods(pods(), lambda ns, name: None, driver=DEFAULT_DRIVER, node=NODE)
     assert [p.name for p in found] == ["train", "init-only"]
+
+
+def test_claims_allocated_here_whose_pod_is_not_bound_yet() -> None:
+    """The scheduler allocates a claim before it binds the pod: such a claim holds the GPU too."""
+    binding = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+               "metadata": {"name": "late-gpu-x2b9c", "namespace": "work"},
+               "status": {"allocation": {"devices": {"results": [
+                   {"request": "gpu", "driver": DEFAULT_DRIVER, "pool": NODE, "device": "gpu-0"}]}}}}
+    everything = [*claims().values(), binding]
+    found = unbound_claims(everything, pods(), driver=DEFAULT_DRIVER, node=NODE)
+    assert [p.describe() for p in found] == [
+        "work/late-gpu-x2b9c (a claim allocated here, its pod not bound yet)"]
+    assert unbound_claims(everything, pods(), driver=DEFAULT_DRIVER, node="gpu-2") == []
 
 
 def test_claim_names_from_spec_and_status() -> None:

@@ -353,7 +353,8 @@ class DraProcess:
             from nvdp.mode import ModeGate, NodeApi
 
             try:
-                api: NodeApi | None = NodeApi(connect(self.args.kubeconfig), self.node, self.driver)
+                api: NodeApi | None = NodeApi(connect(self.args.kubeconfig), self.node, self.driver,
+                                              all_claims=True)
             except KubeConnectError:
                 api = None  # the start fails on it a moment later, with the cause
             self.gate = ModeGate("dra", api, self.report, self.log, per_node=self.node_config is not None)
