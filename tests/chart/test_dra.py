@@ -140,6 +140,7 @@ def test_rbac_and_policy_name_the_dra_account() -> None:
         ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
         ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
         ("", "nodes"): {"get", "list", "watch"},
+        ("", "pods"): {"list"},  # the per-node mode: a switch waits while pods use the GPUs
         ("", "events"): {"create", "patch"},
     }
     (binding,) = [o for o in objects if o["kind"] == "ClusterRoleBinding" and "dra" in o["metadata"]["name"]]

@@ -35,6 +35,7 @@ def test_validate_seed_004(capsys: pytest.CaptureFixture[str]) -> None:
     ("name", "summary"),
     [
         ("empty.yaml", "v1; sharing: none"),
+        ("mode-dra.yaml", "v1; mode: dra; sharing: none"),
         (
             "time-slicing-rename-by-default.yaml",
             "v1; sharing: time-slicing, 1 resource: nvidia.com/gpu x4 as nvidia.com/gpu.shared",

@@ -150,6 +150,8 @@ def summary(config: Config) -> str:
     parts = [config.version]
     if config.flags.mig_strategy != "none":
         parts.append(f"migStrategy: {config.flags.mig_strategy}")
+    if config.flags.mode is not None:
+        parts.append(f"mode: {config.flags.mode}")
     blocks: list[tuple[str, ReplicatedResources]] = []
     if config.sharing.mps is not None:
         blocks.append(("mps", config.sharing.mps))

@@ -17,6 +17,8 @@ DeviceIdStrategy = Literal["uuid", "index"]
 AllocationPolicy = Literal["distributed", "packed"]
 DiscoveryStrategy = Literal["auto", "nvml", "tegra"]
 SharingStrategy = Literal["none", "time-slicing", "mps"]
+# Which API serves a node's GPUs (nvdp.mode): the kubelet's device-plugin API or DRA ResourceSlices.
+Mode = Literal["device-plugin", "dra"]
 CdiHookName = Literal[
     "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification",
     "update-application-profile", "chmod", "all",
@@ -79,6 +81,8 @@ class Flags(Struct, frozen=True):
     mofed_enabled: bool = False
     use_node_feature_api: bool | None = None
     device_discovery_strategy: DiscoveryStrategy = "auto"
+    # None: the deployment's default (env NVDP_DEFAULT_MODE, else device-plugin; nvdp.mode.node_mode).
+    mode: Mode | None = None
     plugin: PluginFlags = field(default_factory=PluginFlags)
     gfd: GfdFlags = field(default_factory=GfdFlags)
 

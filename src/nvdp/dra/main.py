@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from nvdp.dra.sharing import NodeSharing
     from nvdp.dra.state import ClaimPreparer, NodeView
     from nvdp.endpoints import HttpEndpoints, Response
+    from nvdp.mode import Handover, Mode, ModeGate
     from nvdp.nodechoice import NodeConfigRule
     from nvdp.nodeconfig import Chosen, NodeConfig
     from nvdp.plugin.health import HealthMonitor
@@ -127,6 +128,10 @@ class DraProcess:
         self._lock = threading.Lock()  # the serving state, shared with the health and gRPC threads
         self._publishing = threading.Lock()
         self._publish_failed_at: float | None = None
+        # The node's mode (nvdp.mode): slices only in "dra" mode, once the device plugin has withdrawn.
+        self.gate: ModeGate | None = None
+        self.handover: Handover | None = None
+        self._withdrawn = False  # in "device-plugin" mode: this node's slices are deleted
 
     # --- one config ------------------------------------------------------------------------------
 
@@ -166,6 +171,8 @@ class DraProcess:
         from nvdp.nodechoice import ConfigRefused
 
         try:
+            mode = self.mode_of(chosen)
+            self.mode_gate().check(mode)  # a mode switch while GPU pods run waits (ModeSwitchRefused)
             serving = self.prepare(chosen)
         except (StartupError, NvmlMissing) as err:
             raise ConfigRefused(str(err)) from None
@@ -178,9 +185,12 @@ class DraProcess:
             self.mps.node_replicas = mps_replicas(serving.devices.values())
         names = ", ".join(serving.devices) or "none"
         self.log.info("Devices: %s", names)
+        self.enter_mode(mode, serving)
         if first:
             return
         self.publish()
+        if self.handover is None:
+            self.mode_gate().advertising()
         self.start_health()
         self.recorder.config_applied(serving.config.source, f"devices {names}", True, time.time(),
                                      notify=self.node_config is None)
@@ -202,6 +212,11 @@ class DraProcess:
                 if self.publisher is None or self.serving is None:
                     return
                 devices, unhealthy = list(self.serving.devices.values()), self.unhealthy
+            if self.gate is not None and self.gate.mode != "dra":
+                self.withdraw()  # the device plugin serves this node: no slices
+                return
+            if self.handover is not None:
+                return  # the device plugin still advertises: published once it has withdrawn
             try:
                 writes = self.publisher.publish(devices, unhealthy)
             except Exception as err:  # tried again from the loop, and by the watch when it reconnects
@@ -339,6 +354,8 @@ class DraProcess:
             self.log.info("%s: reloading the configuration and re-reading the GPUs",
                           "Received SIGHUP" if forced else "Node config changed")
             self.rule.again(self.switch, forced=forced)
+        elif self.rule.retry_due():  # a mode switch that waited for GPU pods to go
+            self.rule.again(self.switch, forced=False)
         if self.server is not None:
             from nvdp.plugin.owned_socket import ServerStartError
 
@@ -346,10 +363,87 @@ class DraProcess:
                 self.server.check_sockets()
             except ServerStartError as err:  # tried again at the next tick
                 self.log.error("Cannot make the DRA plugin's socket again: %s", err)
+        if self.handover is not None and self.handover.done():
+            self.handover = None
+            self.publish()
+            assert self.gate is not None
+            self.gate.advertising()
         failed_at = self._publish_failed_at
         if failed_at is not None and time.monotonic() - failed_at >= REPUBLISH_AFTER_S:
             self.publish()
         return None
+
+    # --- the node's mode (nvdp.mode) ---------------------------------------------------------------
+
+    def mode_of(self, chosen: Chosen | None) -> Mode:
+        """The mode `chosen` puts the node in (its config read once more, before anything is read from
+        the GPUs, so a switch that must wait costs no NVML or driver-file reads)."""
+        from nvdp.mode import node_mode
+        from nvdp.plugin.prepare import load_config
+
+        path = chosen.path if chosen is not None else None
+        config = load_config(self.args, self.env, path, per_node=self.node_config is not None)
+        return node_mode(config, self.env)
+
+    def mode_gate(self) -> ModeGate:
+        if self.gate is None:
+            from nvdp.kube import KubeConnectError, connect
+            from nvdp.mode import ModeGate, NodeApi
+
+            try:
+                api: NodeApi | None = NodeApi(connect(self.args.kubeconfig), self.node, self.driver,
+                                              all_claims=True)
+            except KubeConnectError:
+                api = None  # the start fails on it a moment later, with the cause
+            self.gate = ModeGate("dra", api, self.report, self.log, per_node=self.node_config is not None)
+        return self.gate
+
+    def report(self, reason: str, message: str, *, warning: bool = True) -> None:
+        """Log, and record an Event on the Node."""
+        if self.node_config is not None:
+            self.node_config.report(reason, message, warning=warning)
+            return
+        (self.log.warning if warning else self.log.info)("%s: %s", reason, message)
+        self.recorder.event(reason, message, warning=warning)
+
+    def enter_mode(self, mode: Mode, serving: Serving) -> None:
+        """`mode` is in force: entering "dra", publish only once the device plugin has withdrawn."""
+        from nvdp.mode import Handover, device_plugin_resources, planned_resources
+
+        gate = self.mode_gate()
+        entering = gate.mode != mode
+        gate.enter(mode)
+        if mode != "dra":
+            self.handover = None
+            return
+        self._withdrawn = False
+        api = gate.api
+        if not entering or api is None:
+            return
+        names = planned_resources(serving.config, serving.inventory)
+
+        def advertised() -> str | None:
+            found = device_plugin_resources(api.allocatable(), names)
+            return f"allocatable {', '.join(found)} on node {api.node}" if found else None
+
+        handover = Handover("the device plugin to withdraw this node's GPUs", advertised, self.log)
+        self.handover = None if handover.done() else handover
+
+    def withdraw(self) -> None:
+        """Delete this node's slices (once; the watch re-creates nothing while nothing is wanted)."""
+        if self._withdrawn or self.publisher is None:
+            return
+        try:
+            removed = self.publisher.remove_all()
+        except Exception as err:  # tried again from the loop
+            self.log.error("Cannot delete this node's ResourceSlices (retrying in %gs): %s",
+                           REPUBLISH_AFTER_S, err)
+            self._publish_failed_at = time.monotonic()
+            return
+        self._withdrawn = True
+        self._publish_failed_at = None
+        self.log.info("This node is in device-plugin mode: %s", f"{removed} ResourceSlice(s) deleted"
+                      if removed else "no ResourceSlices published")
 
     def run(self, inbox: Inbox) -> int:
         from nvdp.node_events import NodeEvents

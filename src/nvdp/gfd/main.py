@@ -30,6 +30,7 @@ from nvdp.gfd.labels import HostFacts, LabelError
 from nvdp.gfd.options import GFD_ENV_VARS, ProcessOptions, parse_duration, parse_options
 from nvdp.gfd.publish import FileOutput, NodeFeatureOutput, NodeOutput, Output
 from nvdp.inventory.model import Inventory
+from nvdp.mode import ModeGate, NodeApi, driver_name, follower_mode
 from nvdp.nodeconfig import Chosen, NodeConfig
 from nvdp.recording import Recorder
 from nvdp.runloop import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Inbox, Wake, Wakes
@@ -194,13 +195,19 @@ def setup_logging() -> None:
 
 
 class ConfigLoader:
-    """The `switch` of nvdp.nodechoice for the labeller: load the chosen entry (or the config file)."""
+    """The `switch` of nvdp.nodechoice for the labeller: load the chosen entry (or the config file).
+
+    The labels come from the same plan in either mode (nvdp.mode); a switch between the modes waits,
+    as the plugins' does, until no pod uses the node's GPUs, so the labels describe what is served.
+    """
 
     def __init__(self, opts: ProcessOptions, env: Mapping[str, str]) -> None:
         self.opts = opts
         self.env = env
         self.config: Config | None = None
         self.discovery: Discovery | None = None
+        # The plugins record the mode's Events; the labeller only logs.
+        self.gate = ModeGate(None, None, _log_only, log)
 
     def switch(self, chosen: Chosen | None) -> None:
         from nvdp.nodechoice import ConfigRefused
@@ -214,6 +221,9 @@ class ConfigLoader:
                 config = load_config(path, self.env, self.opts.overrides, env_vars=GFD_ENV_VARS)
         except ConfigError as e:
             raise ConfigRefused(str(e)) from None
+        mode = follower_mode(config, self.env)
+        self.gate.check(mode)
+        self.gate.enter(mode)
         if chosen is not None:
             log.info("labelling with %s", chosen.describe())
         self.config = config
@@ -251,6 +261,7 @@ def run(opts: ProcessOptions, env: Mapping[str, str]) -> int:
                                      recorder=recorder, on_labels=on_labels)  # fmt: skip
             node_config.start()
         rule = NodeConfigRule(node_config, node_config.report if node_config is not None else _log_only, log)
+        loader.gate = ModeGate(None, node_api(opts, env), _log_only, log, per_node=node_config is not None)
         try:
             rule.start(loader.switch)
             assert loader.config is not None
@@ -280,11 +291,17 @@ def run(opts: ProcessOptions, env: Mapping[str, str]) -> int:
         def step(wakes: Wakes) -> int | None:
             if Wake.RELOAD in wakes or Wake.NODE_CONFIG in wakes:
                 rule.again(loader.switch, forced=Wake.RELOAD in wakes)
+            elif rule.retry_due():  # a mode switch that waited for GPU pods to go
+                rule.again(loader.switch, forced=False)
             return discovery.step(wakes)
+
+        def timeout() -> float:
+            retry = rule.retry_in()
+            return discovery.timeout() if retry is None else min(discovery.timeout(), retry)
 
         try:
             first = discovery.step()
-            return first if first is not None else runloop.run(inbox, step, log, discovery.timeout)
+            return first if first is not None else runloop.run(inbox, step, log, timeout)
         except NvmlUnavailable as e:
             log.error("%s", e)
             return EXIT_FAILED
@@ -302,6 +319,20 @@ def run(opts: ProcessOptions, env: Mapping[str, str]) -> int:
 
 def _log_only(reason: str, message: str, *, warning: bool = True) -> None:
     (log.warning if warning else log.info)("%s: %s", reason, message)
+
+
+def node_api(opts: ProcessOptions, env: Mapping[str, str]) -> NodeApi | None:
+    """The mode policy's API reads (the pods on this node), with per-node config only."""
+    from nvdp.kube import KubeConnectError, connect
+
+    if opts.node_config is None or not opts.node_name:
+        return None
+    try:
+        return NodeApi(connect(opts.kubeconfig), opts.node_name, driver_name(env))
+    except KubeConnectError as err:
+        log.warning("cannot read the pods on this node (%s): a switch to or from DRA mode needs a restart",
+                    err)
+        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 `connect` builds a client (in-cluster service account, else `KUBECONFIG`); `NodeWatcher` follows one
 Node's labels; `EventRecorder` records Events on it; `patch_node_labels` sets or clears `nvidia.com/*`
-labels. Everything above this package sees plain dicts and strings, never client objects.
+labels; `get_node_allocatable` and `list_node_pods` read what a node advertises and runs (the per-node
+mode switch, nvdp.mode). Everything above this package sees plain dicts and strings, never client objects.
 """
 
 from lightkube import Client as KubeClient
@@ -11,7 +12,14 @@ from nvdp.kube.claims import get_claim, list_claims
 from nvdp.kube.connect import KubeConnectError, connect
 from nvdp.kube.errors import ApiFailure, classify, server_address
 from nvdp.kube.events import EventRecorder
-from nvdp.kube.node import NodeLabels, get_configmap_data, get_node_labels, patch_node_labels
+from nvdp.kube.node import (
+    NodeLabels,
+    get_configmap_data,
+    get_node_allocatable,
+    get_node_labels,
+    patch_node_labels,
+)
+from nvdp.kube.pods import list_node_pods
 from nvdp.kube.slices import (
     SliceEvent,
     SliceWatcher,
@@ -40,9 +48,11 @@ __all__ = [
     "delete_slice",
     "get_claim",
     "get_configmap_data",
+    "get_node_allocatable",
     "get_node_labels",
     "get_node_uid",
     "list_claims",
+    "list_node_pods",
     "list_slices",
     "patch_node_labels",
     "replace_slice",

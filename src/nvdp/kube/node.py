@@ -49,6 +49,12 @@ def list_node(client: Client, name: str) -> tuple[NodeLabels, str]:
     return nodes[0], found.resourceVersion
 
 
+def get_node_allocatable(client: Client, name: str) -> dict[str, str]:
+    """The Node's status.allocatable (resource name -> quantity, as the kubelet last reported it)."""
+    status = client.get(Node, name=name).status
+    return dict(status.allocatable or {}) if status is not None else {}
+
+
 def patch_node_labels(client: Client, name: str, labels: Mapping[str, str | None]) -> NodeLabels:
     """Set labels (value) or remove them (None) in one merge patch; only `nvidia.com/*` keys are allowed."""
     foreign = sorted(key for key in labels if not key.startswith(OWNED_LABEL_PREFIX))

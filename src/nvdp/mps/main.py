@@ -9,6 +9,8 @@ restored; SIGHUP reloads the config and starts over.
 With CONFIG_DIR it follows the same per-node choice as the plugin (node label, DEFAULT_CONFIG,
 FALLBACK_STRATEGIES; nvdp.nodeconfig): a node switched to an MPS entry gets its daemons started, one
 switched away gets them stopped. Only a change of the chosen entry or its content restarts daemons.
+A node in DRA mode (nvdp.mode) gets no daemons here: the DRA plugin runs MPS for its claims itself; a
+switch between the modes waits, as the plugins' does, until no pod uses the node's GPUs.
 
 `mps-control-daemon mount-shm` mounts the tmpfs MPS clients share as /dev/shm (the chart's init container);
 with the host's PID namespace it does so in the host's mount namespace (no Bidirectional propagation, see
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from nvdp import __version__, runloop
 from nvdp.endpoints import HttpEndpoints, Response, parse_address
+from nvdp.mode import ModeGate, NodeApi, driver_name, follower_mode
 from nvdp.mps.commands import MpsConfigError, MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeModes
 from nvdp.mps.daemons import Daemons, plan_mps
@@ -87,9 +90,10 @@ def start_metrics(address: str, recorder: Recorder) -> HttpEndpoints:
 
 
 def load_settings(
-    args: argparse.Namespace, chosen: Chosen | None = None,
+    args: argparse.Namespace, chosen: Chosen | None = None, gate: ModeGate | None = None,
 ) -> tuple[str, list[MpsSettings], Callable[[], ComputeModes]]:
-    """Config source and MPS settings; raises the config, inventory, plan or MPS error as is.
+    """Config source and MPS settings; raises the config, inventory, plan or MPS error as is, or the
+    mode gate's ConfigRefused (a mode switch that must wait). No settings in DRA mode.
 
     `chosen`: the per-node entry (CONFIG_DIR mode), which replaces --config-file / CONFIG_FILE.
     """
@@ -103,9 +107,18 @@ def load_settings(
         env = {k: v for k, v in os.environ.items() if k != "CONFIG_FILE"}
         path = str(chosen.path) if chosen.path is not None else None
         config = load_config(path, env, overrides_from_args(args))
-    inventory = discover(config.flags.nvidia_driver_root, config.flags.plugin.container_driver_root)
     modes_factory = partial(NvmlComputeModes, config.flags.plugin.container_driver_root)
-    return config.source, plan_mps(config, inventory), modes_factory
+    mode = follower_mode(config, os.environ)
+    if gate is not None:
+        gate.check(mode)
+    if mode == "dra":
+        source, settings = f"{config.source} (DRA mode: the DRA plugin runs MPS for its claims)", []
+    else:
+        inventory = discover(config.flags.nvidia_driver_root, config.flags.plugin.container_driver_root)
+        source, settings = config.source, plan_mps(config, inventory)
+    if gate is not None:
+        gate.enter(mode)
+    return source, settings, modes_factory
 
 
 def start_errors() -> tuple[type[BaseException], ...]:
@@ -141,6 +154,8 @@ class MpsDaemonProcess:
         self.probe_interval = probe_interval
         self.recorder = recorder
         self.current: Daemons | None = None
+        # The node's mode; the plugins record its Events, this daemon only logs (nvdp.mode).
+        self.gate = ModeGate(None, None, _log_only, log)
 
     def switch(self, chosen: Chosen | None) -> None:
         from nvdp.nodechoice import ConfigRefused
@@ -148,7 +163,7 @@ class MpsDaemonProcess:
         if chosen is not None:
             log.info("per-node config: %s", chosen.describe())
         try:
-            source, settings, modes_factory = load_settings(self.args, chosen)
+            source, settings, modes_factory = load_settings(self.args, chosen, self.gate)
         except start_errors() as err:
             raise ConfigRefused(str(err)) from None
         unusable = root_problem(self.root, settings)
@@ -207,6 +222,8 @@ def run(args: argparse.Namespace) -> int:
             # The plugin records the Events for this node; the daemon only logs them.
             node_config = follow(args, os.environ, lambda: inbox.post(Wake.NODE_CONFIG), log)
             rule = NodeConfigRule(node_config, node_config.report if node_config else _log_only, log)
+            process.gate = ModeGate(None, node_api(node_config), _log_only, log,
+                                    per_node=node_config is not None)
             rule.start(process.switch)
         except (ConfigRefused, SelectionError, CannotStart) as err:
             log.error("cannot start: %s", err)
@@ -216,12 +233,14 @@ def run(args: argparse.Namespace) -> int:
             try:
                 if Wake.RELOAD in wakes or Wake.NODE_CONFIG in wakes:
                     rule.again(process.switch, forced=Wake.RELOAD in wakes)
+                elif rule.retry_due():  # a mode switch that waited for GPU pods to go
+                    rule.again(process.switch, forced=False)
             except CannotStart as err:
                 log.error("cannot start: %s", err)
                 return 1
             return None
 
-        code = runloop.run(inbox, on_wake, log)
+        code = runloop.run(inbox, on_wake, log, rule.retry_in)
         return process.stop() if code == 0 else code
     finally:
         inbox.close()
@@ -235,6 +254,22 @@ def run(args: argparse.Namespace) -> int:
 
 def _log_only(reason: str, message: str, *, warning: bool = True) -> None:
     (log.warning if warning else log.info)("%s: %s", reason, message)
+
+
+def node_api(node_config: NodeConfig | None) -> NodeApi | None:
+    """The mode policy's API reads (the pods on this node): with per-node config only, where the mode
+    can change while the daemon runs."""
+    from nvdp.kube import KubeConnectError, connect
+
+    settings = node_config.settings if node_config is not None else None
+    if settings is None or not settings.node_name:
+        return None
+    try:
+        return NodeApi(connect(settings.kubeconfig), settings.node_name, driver_name(os.environ))
+    except KubeConnectError as err:
+        log.warning("cannot read the pods on this node (%s): a switch to or from DRA mode needs a restart",
+                    err)
+        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

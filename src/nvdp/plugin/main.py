@@ -7,6 +7,11 @@ cannot be made or written), with the cause and the fix in the log; 2 for command
 SIGHUP, and with --config-dir a change of this node's entry (nvdp.nodechoice), reloads the config,
 re-reads the GPUs and re-plans: unchanged resources keep their servers, an invalid config is reported
 and the previous one stays. A re-plan also clears devices marked Unhealthy, as in NVIDIA's plugin.
+
+In DRA mode (nvdp.mode: the entry's flags.mode, else NVDP_DEFAULT_MODE) the plugin serves nothing: its
+servers stop, so the kubelet marks the resources unhealthy. Entering device-plugin mode beside a DRA
+plugin (DRA_DRIVER_NAME set), it advertises only once the DRA plugin's ResourceSlices for the node
+are gone; a switch while GPU pods run waits for them (ModeSwitchRefused).
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ from nvdp import __version__
 from nvdp.plugin.cdi_specs import CdiSpecs, classes, spec_dir
 from nvdp.plugin.heap import settle_heap
 from nvdp.plugin.logs import log_inventory, log_plan, setup_logging
-from nvdp.plugin.prepare import NvmlMissing, Prepared, StartupError, load_config, prepare
+from nvdp.plugin.prepare import NvmlMissing, Prepared, StartupError, idle, load_config, prepare
 from nvdp.recording import Recorder
 from nvdp.runloop import EXIT_FAILED, Inbox, Wake, Wakes, run
 
 if TYPE_CHECKING:
     from nvdp.config.model import Config
     from nvdp.endpoints import HttpEndpoints
+    from nvdp.mode import Handover, ModeGate, NodeApi
     from nvdp.nodechoice import NodeConfigRule
     from nvdp.nodeconfig import Chosen, NodeConfig
     from nvdp.plugin.health import HealthMonitor
@@ -72,6 +78,11 @@ class PluginProcess:
         self.endpoints: list[HttpEndpoints] = []
         self.node_config: NodeConfig | None = None
         self.rule: NodeConfigRule | None = None
+        # The node's mode (nvdp.mode), and a device-plugin config held back until the DRA plugin's
+        # slices are gone (with the wait that says when).
+        self.gate: ModeGate | None = None
+        self.held: Prepared | None = None
+        self.handover: Handover | None = None
         # The process's one Recorder (metrics and Node Events); every part that records is given it.
         self.recorder = Recorder()
         self.source = ""  # where the config in force came from
@@ -81,10 +92,20 @@ class PluginProcess:
     # --- putting a config in force (the `switch` of nvdp.nodechoice) ----------------------------
 
     def prepare(self, chosen: Chosen | None) -> Prepared:
+        """Config, mode, GPUs, plan and CDI specs; raises StartupError / NvmlMissing, or the mode gate's
+        ConfigRefused (a mode switch that may not happen now), changing nothing."""
+        from nvdp.mode import follower_mode
+
         path = chosen.path if chosen is not None else None
         config = load_config(self.args, self.env, path, per_node=self.node_config is not None)
         self.log.info("Configuration from %s%s", config.source, f", {chosen.describe()}" if chosen else "")
-        prepared = prepare(config)
+        mode = follower_mode(config, self.env)
+        assert self.gate is not None
+        self.gate.check(mode)
+        if mode == "dra":  # the DRA plugin serves this node's GPUs: read nothing, advertise nothing
+            prepared = idle(config, mode, "this node is in DRA mode: the DRA plugin serves its GPUs")
+        else:
+            prepared = prepare(config)
         self.source = config.source
         return prepared
 
@@ -93,9 +114,46 @@ class PluginProcess:
         from nvdp.nodechoice import ConfigRefused
 
         try:
-            self.serve(self.prepare(chosen))
+            prepared = self.prepare(chosen)
+            self.specs.stage(prepared.cdi)  # before any resource registers, held back or not
         except StartupError as err:
             raise ConfigRefused(str(err)) from None
+        assert self.gate is not None
+        self.gate.enter(prepared.mode)
+        self.serve(self.hold(prepared, entering=True))
+
+    def hold(self, prepared: Prepared, *, entering: bool) -> Prepared:
+        """What to serve now: `prepared`, or nothing while the DRA plugin still publishes this node's
+        GPUs (`prepared` is then held until its slices are gone: `release_held`)."""
+        from nvdp.mode import Handover
+
+        entering = entering or self.handover is not None  # a reload while waiting keeps waiting
+        self.held = self.handover = None
+        api = self.gate.api if self.gate is not None else None
+        if prepared.mode != "device-plugin" or not entering or api is None or api.driver is None:
+            return prepared
+
+        def slices() -> str | None:
+            left = api.slices_left()
+            return f"{left} ResourceSlice(s) of driver {api.driver} for node {api.node}" if left else None
+
+        handover = Handover("the DRA plugin to delete this node's ResourceSlices", slices, self.log)
+        if handover.done():
+            return prepared
+        self.held, self.handover = prepared, handover
+        return idle(prepared.config, prepared.mode, "waiting for the DRA plugin to delete this node's "
+                                                    "ResourceSlices")
+
+    def release_held(self) -> None:
+        """The DRA plugin let go: serve the held config."""
+        held, self.held, self.handover = self.held, None, None
+        assert held is not None
+        if self.manager is None:
+            self.serve(held)
+        else:
+            self.apply(held, notify=False)
+        if self.gate is not None:
+            self.gate.advertising()
 
     def reload(self, chosen: Chosen | None) -> None:
         """Re-plan from a fresh config and GPU list; on any error raise ConfigRefused, serving as before."""
@@ -107,6 +165,8 @@ class PluginProcess:
         try:
             prepared = self.prepare(chosen)
             self.specs.stage(prepared.cdi)  # the CDI specs first: a failure leaves everything as it was
+        except ConfigRefused:
+            raise  # a mode switch that waits (or needs a restart): nothing changed, the rule reports it
         except (StartupError, NvmlMissing) as err:
             self.recorder.config_refused(str(err), time.time(), notify=notify)
             raise ConfigRefused(str(err)) from None
@@ -116,12 +176,18 @@ class PluginProcess:
             self.log.exception("Reload failed unexpectedly (%s); still serving the previous configuration",
                                error)
             raise ConfigRefused(error) from None
+        assert self.gate is not None
+        switching = self.gate.mode != prepared.mode
+        self.gate.enter(prepared.mode)
+        prepared = self.hold(prepared, entering=switching)
         if self.manager is None:
             self.recorder.config_applied(prepared.config.source, "first configuration served", True,
                                          time.time(), notify=notify)
             self.serve(prepared)
-            return
-        self.apply(prepared, notify)
+        else:
+            self.apply(prepared, notify)
+        if prepared.idle is None:
+            self.gate.advertising()
 
     def apply(self, prepared: Prepared, notify: bool) -> None:
         assert self.manager is not None
@@ -136,17 +202,24 @@ class PluginProcess:
         self.recorder.config_applied(prepared.config.source, diff.describe(), changed, time.time(),
                                      notify=notify)
         self.watch_kubelet(prepared.config)
-        self.start_health(prepared)
-        if not prepared.plan.resources:
-            self.log.info("No devices found. Waiting indefinitely.")
+        if prepared.idle is None:
+            self.start_health(prepared)
+        self.log_idle(prepared)
         settle_heap(collect=True)
+
+    def log_idle(self, prepared: Prepared) -> None:
+        if prepared.idle is not None:
+            self.log.info("Advertising nothing: %s.", prepared.idle)
+        elif not prepared.plan.resources:
+            self.log.info("No devices found. Waiting indefinitely.")
 
     # --- serving -----------------------------------------------------------------------------
 
     def serve(self, prepared: Prepared) -> None:
         from nvdp.plugin.manager import PluginManager
 
-        log_inventory(self.log, prepared.inventory)
+        if prepared.idle is None:
+            log_inventory(self.log, prepared.inventory)
         log_plan(self.log, prepared.plan)
         self.specs.stage(prepared.cdi)  # before any resource registers; raises StartupError
         self.manager = PluginManager(prepared.config, prepared.inventory, self.log, recorder=self.recorder)
@@ -157,10 +230,10 @@ class PluginProcess:
         # registering for the interpreter. Like an XID before start-up, one in those milliseconds
         # goes unseen (NVML keeps events only for event sets registered before them).
         self.manager.wait_first_attempts(HEALTH_AFTER_REGISTERING_S)
-        self.start_health(prepared)
+        if prepared.idle is None:
+            self.start_health(prepared)
         self.not_serving_reason = None
-        if not prepared.plan.resources:
-            self.log.info("No devices found. Waiting indefinitely.")
+        self.log_idle(prepared)
         settle_heap(collect=False)
 
     def watch_kubelet(self, config: Config) -> None:
@@ -188,6 +261,7 @@ class PluginProcess:
         assert self.manager is not None
         if self.health is not None:
             self.health.stop()
+            self.health = None
         self.health = HealthMonitor(prepared.inventory, policy_from_config(prepared.config),
                                     self.manager.mark_unhealthy, self.log, recorder=self.recorder)
         self.health.start()
@@ -201,6 +275,7 @@ class PluginProcess:
 
     def start_node_config(self, inbox: Inbox) -> None:
         """Follow the node label and the entries directory (CONFIG_DIR mode only)."""
+        from nvdp.mode import ModeGate
         from nvdp.nodechoice import NodeConfigRule
         from nvdp.nodeconfig import follow
 
@@ -208,6 +283,35 @@ class PluginProcess:
                                   recorder=self.recorder)
         report = self.node_config.report if self.node_config is not None else None
         self.rule = NodeConfigRule(self.node_config, report or (lambda *a, **k: None), self.log)
+        self.gate = ModeGate("device-plugin", self.node_api(), self.report, self.log,
+                             per_node=self.node_config is not None)
+
+    def report(self, reason: str, message: str, *, warning: bool = True) -> None:
+        """Log, and record an Event on the Node."""
+        if self.node_config is not None:
+            self.node_config.report(reason, message, warning=warning)
+            return
+        (self.log.warning if warning else self.log.info)("%s: %s", reason, message)
+        self.recorder.event(reason, message, warning=warning)
+
+    def node_api(self) -> NodeApi | None:
+        """The API reads of the mode policy: with per-node config, or beside a DRA plugin (whose slices
+        it waits for); None without a node name or API access."""
+        from nvdp.mode import NodeApi, driver_name
+
+        driver, node = driver_name(self.env), self.env.get("NODE_NAME", "")
+        if not node or (self.node_config is None and driver is None):
+            return None  # and no API client imported: a single-config plugin never talks to the API
+        from nvdp.kube import KubeConnectError, connect
+
+        try:
+            client = connect(self.args.kubeconfig)
+        except KubeConnectError as err:
+            if driver is not None:
+                self.log.warning("Cannot read the API server (%s): this node's ResourceSlices of driver %s "
+                                 "are not checked before advertising", err, driver)
+            return None
+        return NodeApi(client, node, driver)
 
     def start(self, inbox: Inbox) -> int | None:
         """Put the first config in force; an exit code when the plugin cannot start."""
@@ -241,7 +345,23 @@ class PluginProcess:
             self._why = "Received SIGHUP" if forced else "Node config changed"
             if self.rule.again(self.reload, forced=forced):
                 self.record_active()
+        elif self.rule.retry_due():  # a mode switch that waited for GPU pods to go
+            self._why = "Trying the pending config again"
+            if self.rule.again(self.reload, forced=False):
+                self.record_active()
+        if self.handover is not None and self.handover.done():
+            self.release_held()
         return None
+
+    def wake_after(self) -> float | None:
+        """How long the loop may sleep: while waiting for the DRA plugin or retrying a pending switch."""
+        from nvdp.mode import HANDOVER_POLL_S
+
+        delays = [HANDOVER_POLL_S] if self.handover is not None else []
+        retry = self.rule.retry_in() if self.rule is not None else None
+        if retry is not None:
+            delays.append(retry)
+        return min(delays) if delays else None
 
     def run(self, inbox: Inbox) -> int:
         from nvdp.node_events import NodeEvents
@@ -256,7 +376,7 @@ class PluginProcess:
         self.recorder.attach_events(NodeEvents.from_env(self.env, self.log))
         try:
             failed = self.start(inbox)
-            return failed if failed is not None else run(inbox, self.on_wake, self.log)
+            return failed if failed is not None else run(inbox, self.on_wake, self.log, self.wake_after)
         finally:
             self.shutdown()
 

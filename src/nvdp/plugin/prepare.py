@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from msgspec import Struct
 
-from nvdp.config.model import Config
+from nvdp.config.model import Config, Mode
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan
 from nvdp.plugin.errors import NvmlMissing, StartupError
@@ -25,7 +25,8 @@ from nvdp.plugin.imex import channels_on_node
 if TYPE_CHECKING:
     from nvdp.cdi.build import SpecSet
 
-__all__ = ["NvmlMissing", "Prepared", "StartupError", "discover", "load_config", "make_plan", "prepare"]
+__all__ = ["NvmlMissing", "Prepared", "StartupError", "discover", "idle", "load_config", "make_plan",
+           "prepare"]
 
 
 class Prepared(Struct, frozen=True):
@@ -33,6 +34,15 @@ class Prepared(Struct, frozen=True):
     inventory: Inventory
     plan: Plan
     cdi: SpecSet | None = None  # the CDI specs to write; None without a CDI strategy
+    mode: Mode = "device-plugin"  # the node's mode under `config` (nvdp.mode)
+    # Why nothing is advertised, when nothing is on purpose: the node is in DRA mode, or the device
+    # plugin waits for the DRA plugin to let go of the GPUs. None: the plan is served.
+    idle: str | None = None
+
+
+def idle(config: Config, mode: Mode, why: str) -> Prepared:
+    """A config that advertises nothing (no GPUs read, no plan, no CDI specs), for `why`."""
+    return Prepared(config, Inventory(driver_version="", cuda_driver_version=""), Plan(), None, mode, why)
 
 
 def load_config(args: argparse.Namespace, env: Mapping[str, str], entry: Path | None,
