@@ -293,7 +293,12 @@ def test_a_label_switches_the_node_between_the_apis_never_both(node: Node) -> No
     time.sleep(2)
     assert all(s == Sample(s.at, 0, 1) for s in node.sampler.since(refused_at)), "the refused switch moved"
     node.plane.kubectl("-n", node.namespace, "delete", "pod", "infer", "--grace-period=0", "--force")
-    node.wait("the switch back after the pod went", lambda: in_dp_mode(node))
+    # An allocated claim without a pod still holds its device (the scheduler allocates before it binds);
+    # with no controller-manager here, the test releases it as the resourceclaim controller would.
+    time.sleep(2)
+    assert all(s == Sample(s.at, 0, 1) for s in node.sampler.since(refused_at)), "went while still allocated"
+    node.plane.kubectl("-n", node.namespace, "delete", "resourceclaim", "infer-gpu")
+    node.wait("the switch back after the pod and its claim went", lambda: in_dp_mode(node))
 
     never_both(node.sampler.since(start))
     for daemon in (node.plugin, node.dra):
