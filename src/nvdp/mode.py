@@ -110,6 +110,7 @@ class GpuPod(Struct, frozen=True):
     namespace: str
     name: str
     uses: str  # "nvidia.com/gpu", or "claim <name>"
+    pod: bool = True  # False: a claim allocated here whose pod is not bound yet
 
     def describe(self) -> str:
         return f"{self.namespace}/{self.name} ({self.uses})"
@@ -186,7 +187,8 @@ def refusal(current: Mode, wanted: Mode, pods: Sequence[GpuPod]) -> str:
     """Why the switch waits, the pods (up to NAMED_PODS) and the fix."""
     named = ", ".join(p.describe() for p in pods[:NAMED_PODS])
     more = f" and {len(pods) - NAMED_PODS} more" if len(pods) > NAMED_PODS else ""
-    count = f"{len(pods)} pod{'s' if len(pods) != 1 else ''} use{'s' if len(pods) == 1 else ''}"
+    one, many = ("pod", "pods") if all(p.pod for p in pods) else ("pod or claim", "pods or claims")
+    count = f"1 {one} uses" if len(pods) == 1 else f"{len(pods)} {many} use"
     return (f"switching this node from {current} to {wanted} is refused while {count} its GPUs: "
             f"{named}{more}. Delete or drain them; the node switches by itself once they are gone")
 
@@ -231,7 +233,7 @@ def unbound_claims(claims: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[s
         meta = claim.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         if key not in referenced and claim_on_node(claim, driver=driver, node=node):
-            found.append(GpuPod(*key, "a claim allocated here, its pod not bound yet"))
+            found.append(GpuPod(*key, "a claim allocated here, its pod not bound yet", pod=False))
     return found
 
 

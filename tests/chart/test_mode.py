@@ -94,6 +94,15 @@ def test_the_mps_daemon_and_the_labeller_follow_the_mode() -> None:
     assert granted[("", "pods")] == {"list"} and granted[("resource.k8s.io", "resourceclaims")] == {"get"}
 
 
+def test_no_mps_daemon_where_no_node_can_be_in_device_plugin_mode() -> None:
+    """The MPS control daemon serves the device plugin's MPS resources only."""
+    mps_in_dra = MPS_ENTRY.replace("mode: device-plugin", "mode: dra")
+    assert MPS not in daemonsets(objects({"config": {"map": {"mps": mps_in_dra}}}))
+    assert MPS in daemonsets(objects({"config": {"map": {"mps": MPS_ENTRY}}}))
+    without_mode = MPS_ENTRY.replace("flags:\n  mode: device-plugin\n", "")
+    assert MPS in daemonsets(render({"config": {"map": {"mps": without_mode}}}).objects)  # no DRA
+
+
 def test_the_default_mode_is_dra_and_only_the_two_modes_are_accepted() -> None:
     sets = daemonsets(objects())
     assert env(container(sets[DRA_DS], "nvidia-dra-plugin-ctr"))["NVDP_DEFAULT_MODE"] == "dra"

@@ -175,6 +175,8 @@ def test_the_refusal_names_five_pods_and_the_fix() -> None:
     assert message.endswith("Delete or drain them; the node switches by itself once they are gone")
     one = refusal("dra", "device-plugin", many[:1])
     assert "while 1 pod uses its GPUs: ml/job-0 (nvidia.com/gpu)." in one
+    claim = GpuPod("ml", "job-9-gpu", "a claim allocated here, its pod not bound yet", pod=False)
+    assert "while 2 pods or claims use its GPUs: " in refusal("dra", "device-plugin", [many[0], claim])
     assert NAMED_PODS == 5
 
 

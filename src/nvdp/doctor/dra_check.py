@@ -9,6 +9,9 @@
 
 A node runs the DRA plugin when its registration socket exists or the environment names a driver
 (`DRA_DRIVER_NAME`, set by the chart's DRA DaemonSet); elsewhere the check is one SKIP line saying so.
+Where it runs, the node's mode (nvdp.mode: the entry's `flags.mode`, else `NVDP_DEFAULT_MODE`, else
+DRA) says what to expect: in DRA mode the slices above; in device-plugin mode none (the device plugin
+serves the GPUs, and slices too would offer them twice).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from msgspec import Struct
 
+from nvdp.config.model import Config, Mode
 from nvdp.doctor.report import Finding, failed, passed, skipped
 from nvdp.doctor.where import Where
 from nvdp.inventory.model import Inventory
@@ -27,6 +31,7 @@ from nvdp.text import short_list
 TITLE = "the DRA kubelet plugin"
 REGISTRATION_TITLE = "the DRA plugin answers the kubelet's registration and DRA calls"
 SLICES_TITLE = "this node's ResourceSlices hold its GPUs"
+NO_SLICES_TITLE = "no ResourceSlices in device-plugin mode"
 # One gRPC call (GetInfo, NodePrepareResources) waits at most this long, within the check's limit.
 CALL_TIMEOUT_S = 5.0
 
@@ -55,6 +60,11 @@ FIX_UNHEALTHY = (
     "a device leaves the pool when the plugin finds it unhealthy (an XID, a GPU fallen off the bus): see "
     "the plugin's log and the node's Events (`kubectl describe node <node>`); once the GPU is fixed "
     "(`nvidia-smi -r` or a reboot), restart the plugin pod, which reads the GPUs again as healthy"
+)
+FIX_BOTH = (
+    "in device-plugin mode the DRA plugin deletes this node's slices: see its log ('This node is in "
+    "device-plugin mode', 'Cannot delete'); if the node should be in DRA mode, check its entry's "
+    "flags.mode and the label nvidia.com/device-plugin.config"
 )
 FIX_STALE = (
     "the slices describe other devices than this node's GPUs give now (GPUs changed, MIG reconfigured): "
@@ -101,9 +111,25 @@ def dra_node(env: Mapping[str, str]) -> DraNode:
     return DraNode(driver, registration, plugin, on, why)
 
 
+def node_mode(config: Config, env: Mapping[str, str], node: DraNode) -> Mode:
+    """The node's mode as the daemons take it (nvdp.mode), except that a node running the DRA plugin
+    with no mode set anywhere is a DRA node (a DRA plugin deployed without the device plugin)."""
+    from nvdp.mode import DEFAULT_MODE_ENV, InvalidMode, default_mode
+
+    if config.flags.mode is not None:
+        return config.flags.mode
+    if env.get(DEFAULT_MODE_ENV, "").strip():
+        try:
+            return default_mode(env)
+        except InvalidMode:
+            pass  # the daemons refuse it and say so; the doctor goes by what runs
+    return "dra" if node.on else "device-plugin"
+
+
 class DraChecks:
     where: Where
     inventory: Inventory | None
+    config: Config = Config()
     # The kubeconfig for the slices' API read; None: the pod's service account, else KUBECONFIG.
     dra_kubeconfig: str | None = None
 
@@ -114,6 +140,9 @@ class DraChecks:
         if not node.on:
             return []
         timeout = min(self.where.timeout, CALL_TIMEOUT_S)
+        if node_mode(self.config, self.where.env, node) == "device-plugin":
+            return [dra_registration(node, timeout), dra_no_slices(node, self.where.node_name,
+                                                                   self.dra_kubeconfig)]
         return [
             dra_registration(node, timeout),
             dra_slices(node, self.where.node_name, self.dra_kubeconfig, self.inventory),
@@ -251,6 +280,31 @@ def dra_slices(node: DraNode, node_name: str, kubeconfig: str | None, inventory:
         return skipped(check, SLICES_TITLE, f"{where}, {len(published)} device(s); not compared with this "
                                             "node's GPUs: NVML did not load (see above)")
     return _compare(check, where, published, inventory)
+
+
+def dra_no_slices(node: DraNode, node_name: str, kubeconfig: str | None) -> Finding:
+    """In device-plugin mode: no slice of the driver for this node."""
+    from nvdp.kube import KubeConnectError, connect, list_slices
+
+    check = "dra-slices"
+    if not node_name:
+        return skipped(check, NO_SLICES_TITLE,
+                       "no node name to find the slices by (set NODE_NAME or --node-name)")
+    try:
+        found = list_slices(connect(kubeconfig), node=node_name, driver=node.driver)
+    except KubeConnectError as err:
+        return skipped(check, NO_SLICES_TITLE, f"cannot read the slices: {err}")
+    except Exception as err:  # every API failure is a report line
+        detail, fix = _api_problem(err)
+        return failed(check, NO_SLICES_TITLE, detail, fix)
+    selector = f"spec.nodeName={node_name},spec.driver={node.driver}"
+    if not found:
+        return passed(check, NO_SLICES_TITLE, f"this node is in device-plugin mode and no ResourceSlice has "
+                                              f"{selector}: the device plugin alone serves its GPUs")
+    devices = sum(len(_spec(obj).get("devices") or ()) for obj in found)
+    return failed(check, NO_SLICES_TITLE, f"this node is in device-plugin mode, but {len(found)} "
+                  f"ResourceSlice(s) with {selector} offer {devices} device(s): its GPUs are offered through "
+                  "both APIs", FIX_BOTH)
 
 
 def _compare(check: str, where: str, published: Mapping[str, str], inventory: Inventory) -> Finding:

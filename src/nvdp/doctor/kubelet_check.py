@@ -53,13 +53,13 @@ class KubeletChecks:
         return passed("kubelet", title, f"{path} accepts connections")
 
     def registration(self) -> Finding:
-        from nvdp.doctor.dra_check import dra_node
+        from nvdp.doctor.dra_check import dra_node, node_mode
         from nvdp.plugin.grpc_client import server_answers
         from nvdp.plugin.owned_socket import socket_path_for
 
         title = "the plugin serves and is registered"
         dra = dra_node(self.where.env)
-        if dra.on:
+        if dra.on and node_mode(self.config, self.where.env, dra) == "dra":
             return skipped("registration", title, f"this node serves its GPUs through DRA (driver "
                            f"{dra.driver}), not the device-plugin API; the dra checks below look at that")
         if self.plan is None:
