@@ -149,7 +149,12 @@ class ClaimMps:
             self._users.setdefault(key, set()).add(claim_uid)
 
     def stop(self) -> bool:
-        """Stop every daemon (shut-down); False when a compute mode stayed changed."""
+        """Stop every daemon (shut-down) and clean up the node as the MPS control daemon does on its
+        final stop: pipe folders and markers go, and the clients' tmpfs this pod mounted is detached
+        (pods still using it keep it; the next start mounts a fresh one). False when a compute mode
+        stayed changed."""
+        from nvdp.mps.host_setup import clean_up
+
         with self._lock:
             daemons = list(self._daemons.values())
             self._daemons.clear()
@@ -160,6 +165,7 @@ class ClaimMps:
         if self._modes is not None:
             self._modes.close()
             self._modes = None
+        clean_up([d.settings for d in daemons], self.root, f"{self.host_root}/{self.driver}")
         return restored
 
     # --- inside ------------------------------------------------------------------------------------

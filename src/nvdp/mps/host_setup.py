@@ -114,8 +114,11 @@ def unmount_shm(device: int, namespace: Path) -> int:
     return 0
 
 
-def clean_up(settings: Sequence[MpsSettings], root: Path) -> None:
+def clean_up(settings: Sequence[MpsSettings], root: Path, host_root: str | None = None) -> None:
     """After the final stop: what only a running daemon needs goes (see the module docstring).
+
+    `host_root` is the node's folder whose `shm` tmpfs this pod mounted, when not $MPS_ROOT (the DRA
+    plugin's is `<MPS root>/<driver>`).
 
     The log folder and status.json ("stopped") stay: control.log is bounded (rotated past its limit) and
     explains a daemon that stopped; a later daemon continues it rather than replaying it.
@@ -142,9 +145,10 @@ def clean_up(settings: Sequence[MpsSettings], root: Path) -> None:
         return
     # Found here, where the parent is still the runtime's shim; the child only joins it.
     namespace = hostmount.host_namespace() if hostmount.wanted() else None
-    if host_shm_dir() is None or namespace is None:
+    env = dict(os.environ) if host_root is None else {**os.environ, HOST_ROOT_ENV: host_root}
+    if not env.get(HOST_ROOT_ENV, "").startswith("/") or namespace is None:
         return
     argv = [sys.executable, "-m", "nvdp.mps.main", "unmount-shm", str(device), str(namespace)]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30, env=env)
     for line in (done.stdout + done.stderr).splitlines():
         log.info("%s", line)
