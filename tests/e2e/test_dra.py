@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -45,12 +46,22 @@ V100 = "Tesla V100-SXM2-16GB"
 MIXED_DRIVER_VERSION = "535.161.08"  # sim/profiles/mixed-4.yaml: the libraries it needs under the root
 
 
-@pytest.fixture(scope="module")
-def host(cluster: Cluster) -> Iterator[HostSetup]:
+@contextmanager
+def claim_host(cluster: Cluster) -> Iterator[HostSetup]:
+    """The CDI scenario's fake driver root for claim specs, and no claim spec left before or after."""
     setup = HostSetup()
     try:
         cluster.host(f"rm -f {CLAIM_SPEC_PREFIX}*.json")
         make_host(cluster, setup)
+        yield setup
+    finally:
+        cluster.host(f"rm -f {CLAIM_SPEC_PREFIX}*.json", check=False)
+        remove_host(cluster, setup)
+
+
+@pytest.fixture(scope="module")
+def host(cluster: Cluster) -> Iterator[HostSetup]:
+    with claim_host(cluster) as setup:
         # The mixed profile's GPUs 1-3 need their device nodes too (the claim spec stats them).
         for minor in (1, 2, 3):
             path = f"/dev/nvidia{minor}"
@@ -60,9 +71,6 @@ def host(cluster: Cluster) -> Iterator[HostSetup]:
                 setup.made_nodes.append(path)
             cluster.host(f"mknod -m 666 {setup.driver_root}/dev/nvidia{minor} c 195 {minor}")
         yield setup
-    finally:
-        cluster.host(f"rm -f {CLAIM_SPEC_PREFIX}*.json", check=False)
-        remove_host(cluster, setup)
 
 
 @pytest.fixture(scope="module")

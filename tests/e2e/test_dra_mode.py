@@ -38,13 +38,13 @@ from typing import Any
 import pytest
 
 from .e2e_cluster import DATA, GPU, Cluster, Images, Release, Timings
-from .test_cdi import HostSetup, make_host, remove_host
+from .test_cdi import HostSetup
+from .test_dra import claim_host
 
 SCENARIO = "per-node mode"
 pytestmark = pytest.mark.incremental
 LABEL = "nvidia.com/device-plugin.config"
 DRIVER = "gpu.nvidia.com"
-CLAIM_SPEC_PREFIX = "/var/run/cdi/k8s.gpu.nvidia.com-claim_"
 WORK = "nvdp-e2e-mode-work"
 # A switch to DRA waits for the kubelet's next node status (10 s); a refused one is tried every 10 s.
 SWITCH_S = 60.0
@@ -163,14 +163,8 @@ def describe(samples: list[Sample], start: float) -> str:
 
 @pytest.fixture(scope="module")
 def host(cluster: Cluster) -> Iterator[HostSetup]:
-    setup = HostSetup()
-    try:
-        cluster.host(f"rm -f {CLAIM_SPEC_PREFIX}*.json")
-        make_host(cluster, setup)
+    with claim_host(cluster) as setup:
         yield setup
-    finally:
-        cluster.host(f"rm -f {CLAIM_SPEC_PREFIX}*.json", check=False)
-        remove_host(cluster, setup)
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 from .e2e_cluster import DATA, GPU, MPS_ROOT, SIM_STATE_DIR, Cluster, Images, Release, Timings
-from .test_cdi import T4_UUID, HostSetup, make_host, remove_host
-from .test_dra import CLAIM_SPEC_PREFIX, DRIVER, slice_devices
+from .test_cdi import T4_UUID, HostSetup
+from .test_dra import DRIVER, claim_host, slice_devices
 
 SCENARIO = "DRA sharing"
 pytestmark = pytest.mark.incremental
@@ -42,14 +42,9 @@ GPU_CONFIG = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
 
 @pytest.fixture(scope="module")
 def host(cluster: Cluster) -> Iterator[HostSetup]:
-    setup = HostSetup()
-    try:
-        cluster.host(f"rm -f {CLAIM_SPEC_PREFIX}*.json {SIM_STATE_DIR}/timeslice/*", check=False)
-        make_host(cluster, setup)
+    cluster.host(f"rm -f {SIM_STATE_DIR}/timeslice/*", check=False)
+    with claim_host(cluster) as setup:
         yield setup
-    finally:
-        cluster.host(f"rm -f {CLAIM_SPEC_PREFIX}*.json", check=False)
-        remove_host(cluster, setup)
 
 
 @pytest.fixture(scope="module")

@@ -400,11 +400,9 @@ class DraProcess:
 
     def report(self, reason: str, message: str, *, warning: bool = True) -> None:
         """Log, and record an Event on the Node."""
-        if self.node_config is not None:
-            self.node_config.report(reason, message, warning=warning)
-            return
-        (self.log.warning if warning else self.log.info)("%s: %s", reason, message)
-        self.recorder.event(reason, message, warning=warning)
+        from nvdp.nodechoice import node_report
+
+        node_report(self.node_config, self.recorder, self.log)(reason, message, warning=warning)
 
     def enter_mode(self, mode: Mode, serving: Serving) -> None:
         """`mode` is in force: entering "dra", publish only once the device plugin has withdrawn."""

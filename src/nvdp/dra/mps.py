@@ -87,10 +87,6 @@ class ClaimMps:
         with self._lock:
             return {gpus: frozenset(uids) for gpus, uids in self._users.items()}
 
-    def gpus_of(self, claim_uid: str) -> tuple[str, ...]:
-        with self._lock:
-            return next((gpus for gpus, uids in self._users.items() if claim_uid in uids), ())
-
     def use(self, claim_uid: str, gpus: Sequence[str]) -> MpsMount:
         """Start or join the daemon of `gpus` for the claim, waiting until it answers."""
         key = self._key(gpus)

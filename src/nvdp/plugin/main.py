@@ -288,11 +288,9 @@ class PluginProcess:
 
     def report(self, reason: str, message: str, *, warning: bool = True) -> None:
         """Log, and record an Event on the Node."""
-        if self.node_config is not None:
-            self.node_config.report(reason, message, warning=warning)
-            return
-        (self.log.warning if warning else self.log.info)("%s: %s", reason, message)
-        self.recorder.event(reason, message, warning=warning)
+        from nvdp.nodechoice import node_report
+
+        node_report(self.node_config, self.recorder, self.log)(reason, message, warning=warning)
 
     def node_api(self) -> NodeApi | None:
         """The API reads of the mode policy: with per-node config, or beside a DRA plugin (whose slices
