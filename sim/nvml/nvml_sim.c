@@ -6,8 +6,10 @@
  *   NVML_SIM_PROFILE    node profile (JSON, or YAML converted once per process, when the library is loaded,
  *                       by NVML_SIM_PYTHON running to_json.py); unset -> nvmlInit returns
  *                       NVML_ERROR_DRIVER_NOT_LOADED.
- *   NVML_SIM_STATE_DIR  (created at init if missing) run-time state shared between processes: lost/<uuid> markers, compute-mode/<uuid>,
- *                       and the append-only `events` file ("<uuid> <xid>" per line).
+ *   NVML_SIM_STATE_DIR  (created at init if missing) run-time state shared between processes, read at each
+ *                       call: lost/<uuid> and unanswering/<uuid> markers, compute-mode/<uuid>, the health
+ *                       files (retired-pending/, remap-pending/, remap-failed/, ecc-volatile/, ecc-aggregate/,
+ *                       recovery-action/), and the append-only `events` file ("<uuid> <xid>" per line).
  *   NVML_SIM_FAIL_INIT  make nvmlInit fail: driver_not_loaded, lib_rm_version_mismatch, no_permission,
  *                       unknown, or a numeric NVML return code; `hang`: nvmlInit never returns (a hung driver).
  *   NVML_SIM_PYTHON     interpreter used for YAML profiles (default python3).
@@ -16,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <pthread.h>
@@ -592,10 +595,30 @@ static void make_state_dir(void) {
         fprintf(stderr, "nvml-sim: cannot create NVML_SIM_STATE_DIR %s: %s\n", path, strerror(errno));
 }
 
-static int gpu_lost(int i) {
+/* A marker file <state dir>/<sub>/<uuid of GPU i> exists; read at each call, other processes set them. */
+static int gpu_marked(int i, const char *sub) {
     char path[1200];
-    if (state_path(path, sizeof path, "lost", g.gpus[i].uuid) < 0) return 0;
+    if (state_path(path, sizeof path, sub, g.gpus[i].uuid) < 0) return 0;
     return access(path, F_OK) == 0;
+}
+
+static int gpu_lost(int i) { return gpu_marked(i, "lost"); }
+static int gpu_unanswering(int i) { return gpu_marked(i, "unanswering"); }
+
+/* The decimal number in <state dir>/<sub>/<uuid of GPU i>; 0 when the file is missing or holds none. */
+static unsigned long long gpu_number(int i, const char *sub) {
+    char path[1200], buf[64] = {0};
+    if (state_path(path, sizeof path, sub, g.gpus[i].uuid) < 0) return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t r = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (r <= 0) return 0;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(buf, &end, 10);
+    if (errno || end == buf || buf[strspn(buf, " \t")] == '-') return 0;
+    return v;
 }
 
 static long events_size(void) {
@@ -733,12 +756,20 @@ static int valid(nvmlDevice_t d) {
     return d->magic == HANDLE_MAGIC && d->gpu >= 0 && d->gpu < g.n && d->mig < g.gpus[d->gpu].n_mig;
 }
 
-/* Common entry check: initialized, a handle of ours, and (when `needs_gpu`) a GPU still on the bus. */
+/* The gate of every call that needs the GPU itself (not only its identity): GPU_IS_LOST for a GPU off the
+ * bus (lost/<uuid>), UNKNOWN for one that no longer answers (unanswering/<uuid>); a lost GPU is reported
+ * as lost even when it is also marked unanswering. MIG devices share their GPU's gate. */
+static nvmlReturn_t gpu_gate(int i) {
+    if (gpu_lost(i)) return NVML_ERROR_GPU_IS_LOST;
+    if (gpu_unanswering(i)) return NVML_ERROR_UNKNOWN;
+    return NVML_SUCCESS;
+}
+
+/* Common entry check: initialized, a handle of ours, and (when `needs_gpu`) a GPU still answering. */
 static nvmlReturn_t check(nvmlDevice_t d, int needs_gpu) {
     if (!initialized()) return NVML_ERROR_UNINITIALIZED;
     if (!valid(d)) return NVML_ERROR_INVALID_ARGUMENT;
-    if (needs_gpu && gpu_lost(d->gpu)) return NVML_ERROR_GPU_IS_LOST;
-    return NVML_SUCCESS;
+    return needs_gpu ? gpu_gate(d->gpu) : NVML_SUCCESS;
 }
 
 static nvmlReturn_t copy_str(char *dst, unsigned len, const char *src) {
@@ -1065,7 +1096,8 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gi, nvmlGpuInstance
     if (!gi || !info || gi->magic != GI_MAGIC || gi->gpu < 0 || gi->gpu >= g.n || gi->mig < 0 ||
         gi->mig >= g.gpus[gi->gpu].n_mig)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (gpu_lost(gi->gpu)) return NVML_ERROR_GPU_IS_LOST;
+    nvmlReturn_t r = gpu_gate(gi->gpu);
+    if (r) return r;
     const sim_mig *m = &g.gpus[gi->gpu].mig[gi->mig];
     info->device = &g.gpus[gi->gpu].h;
     info->id = m->gi;
@@ -1175,6 +1207,116 @@ EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t d, int mode) {
     if (mode < 0 || mode > 3) return NVML_ERROR_INVALID_ARGUMENT;
     if (mode == 1) return NVML_ERROR_NOT_SUPPORTED; /* EXCLUSIVE_THREAD was removed from NVML */
     return write_compute_mode(d->gpu, mode) == 0 ? NVML_SUCCESS : NVML_ERROR_NO_PERMISSION;
+}
+
+/* ---------------------------------------------------------------- memory health and recovery
+ *
+ * What a health check reads after a fault, each from the state directory at every call (sim/nvml/README.md):
+ * retired-pages/remap pending flags, uncorrected ECC counts and the driver's recommended recovery action.
+ * Support follows the architecture as on real GPUs: dynamic page retirement up to Turing, row remapping
+ * from Ampere on (an unknown architecture has neither); ECC counters on every GPU (the profiles describe
+ * data-centre GPUs with ECC on). MIG handles answer NOT_SUPPORTED: these are facts of the whole GPU, to be
+ * read on the parent, as with event registration. */
+
+#define ARCH_KEPLER 2u
+#define ARCH_TURING 6u
+#define ARCH_AMPERE 7u
+
+static int retires_pages(const sim_gpu *gp) { return gp->arch >= ARCH_KEPLER && gp->arch <= ARCH_TURING; }
+static int remaps_rows(const sim_gpu *gp) { return gp->arch != ARCH_UNKNOWN && gp->arch >= ARCH_AMPERE; }
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t d, int *is_pending) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!is_pending) return NVML_ERROR_INVALID_ARGUMENT;
+    if (IS_MIG(d) || !retires_pages(GPU(d))) return NVML_ERROR_NOT_SUPPORTED;
+    *is_pending = gpu_marked(d->gpu, "retired-pending") ? 1 : 0; /* NVML_FEATURE_ENABLED / _DISABLED */
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr_rows, unsigned int *unc_rows,
+                                              unsigned int *is_pending, unsigned int *failure_occurred) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!corr_rows || !unc_rows || !is_pending || !failure_occurred) return NVML_ERROR_INVALID_ARGUMENT;
+    if (IS_MIG(d) || !remaps_rows(GPU(d))) return NVML_ERROR_NOT_SUPPORTED;
+    *corr_rows = 0;
+    *unc_rows = 0;
+    *is_pending = gpu_marked(d->gpu, "remap-pending") ? 1u : 0u;
+    *failure_occurred = gpu_marked(d->gpu, "remap-failed") ? 1u : 0u;
+    return NVML_SUCCESS;
+}
+
+enum { NVML_MEMORY_ERROR_TYPE_CORRECTED = 0, NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1 };
+enum { NVML_VOLATILE_ECC = 0, NVML_AGGREGATE_ECC = 1 };
+
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, unsigned int error_type, unsigned int counter_type,
+                                                unsigned long long *count) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!count || error_type > NVML_MEMORY_ERROR_TYPE_UNCORRECTED || counter_type > NVML_AGGREGATE_ECC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (IS_MIG(d)) return NVML_ERROR_NOT_SUPPORTED;
+    if (error_type == NVML_MEMORY_ERROR_TYPE_CORRECTED) {
+        *count = 0; /* corrected errors need no action; the stand-in has none */
+        return NVML_SUCCESS;
+    }
+    *count = gpu_number(d->gpu, counter_type == NVML_VOLATILE_ECC ? "ecc-volatile" : "ecc-aggregate");
+    return NVML_SUCCESS;
+}
+
+/* nvmlValue_t and nvmlFieldValue_t as in nvml.h (pynvml's c_nvmlValue_t / c_nvmlFieldValue_t). */
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    signed int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;   /* CPU time of the reading, microseconds since 1970 */
+    long long latencyUsec; /* how long the reading took; 0 for a cached value */
+    int valueType;         /* nvmlValueType_t */
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+_Static_assert(sizeof(nvmlValue_t) == 8, "nvmlValue_t is 8 bytes");
+_Static_assert(offsetof(nvmlFieldValue_t, timestamp) == 8, "nvmlFieldValue_t.timestamp");
+_Static_assert(offsetof(nvmlFieldValue_t, valueType) == 24, "nvmlFieldValue_t.valueType");
+_Static_assert(offsetof(nvmlFieldValue_t, nvmlReturn) == 28, "nvmlFieldValue_t.nvmlReturn");
+_Static_assert(offsetof(nvmlFieldValue_t, value) == 32, "nvmlFieldValue_t.value");
+_Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t is 40 bytes");
+
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230u
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
+
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_t *values) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (count < 0 || (count > 0 && !values)) return NVML_ERROR_INVALID_ARGUMENT;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long now_us = (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    for (int k = 0; k < count; k++) {
+        nvmlFieldValue_t *v = &values[k];
+        v->timestamp = now_us;
+        v->latencyUsec = 0;
+        memset(&v->value, 0, sizeof v->value);
+        if (v->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION && !IS_MIG(d)) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            v->value.uiVal = (unsigned)gpu_number(d->gpu, "recovery-action");
+            v->nvmlReturn = NVML_SUCCESS;
+        } else {
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return NVML_SUCCESS;
 }
 
 /* ---------------------------------------------------------------- events */
