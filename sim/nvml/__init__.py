@@ -4,9 +4,12 @@
         subprocess.run([...], env={**os.environ, **node.env})   # real pynvml sees the profile's GPUs
         node.inject_xid(uuid, 48)                               # delivered by nvmlEventSetWait
         node.lose_gpu(uuid)                                     # GPU_IS_LOST from then on, plus XID 79
+        node.pending_remap(uuid)                                # what a health re-check reads
+        node.reset_gpu(uuid)                                    # as after a GPU reset: all of it cleared
 
 Run-time state lives in the state directory so that other processes (the plugin, the MPS daemon, a CLI)
-see the same node: `lost/<uuid>` markers, `compute-mode/<uuid>`, and the append-only `events` file.
+see the same node: `lost/<uuid>` and `unanswering/<uuid>` markers, `compute-mode/<uuid>`, the memory
+health files (README.md), and the append-only `events` file. The library reads them at every call.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ BUILD_DIR = REPO_ROOT / ".build" / "nvml-sim"
 LIBRARY_NAME = "libnvidia-ml.so.1"
 SOURCES = ("nvml_sim.c", "json.c", "json.h")
 XID_GPU_FELL_OFF_BUS = 79
+# The per-GPU state folders a GPU reset clears (reset_gpu), in this order, so that the GPU answers again
+# only once the rest is clean; ecc-volatile is set to 0 first, ecc-aggregate is kept.
+RESET_CLEARS = ("retired-pending", "remap-pending", "remap-failed", "recovery-action", "unanswering", "lost")
 
 
 class BuildError(RuntimeError):
@@ -126,6 +132,95 @@ def lose_gpu(state_dir: Path, uuid: str) -> None:
     _append_event(state_dir, uuid, XID_GPU_FELL_OFF_BUS)
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    # Written beside the target, then renamed: a process reading it sees the old or the new text, never half.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
+def _mark(state_dir: Path, folder: str, uuid: str, on: bool) -> None:
+    marker = state_dir / folder / uuid
+    if on:
+        _write_atomic(marker, "")
+    else:
+        marker.unlink(missing_ok=True)
+
+
+def _read_number(path: Path) -> int:
+    try:
+        return int(path.read_text().strip() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def pending_retirement(state_dir: Path, uuid: str, on: bool = True) -> None:
+    """Pages wait for retirement: nvmlDeviceGetRetiredPagesPendingStatus reports ENABLED (pre-Ampere GPUs)."""
+    _mark(state_dir, "retired-pending", uuid, on)
+
+
+def pending_remap(state_dir: Path, uuid: str, on: bool = True) -> None:
+    """A row remap waits for a GPU reset: nvmlDeviceGetRemappedRows reports isPending 1 (Ampere and newer)."""
+    _mark(state_dir, "remap-pending", uuid, on)
+
+
+def remap_failure(state_dir: Path, uuid: str, on: bool = True) -> None:
+    """Row remapping failed (the GPU has no spare rows left): nvmlDeviceGetRemappedRows failureOccurred 1."""
+    _mark(state_dir, "remap-failed", uuid, on)
+
+
+def ecc_errors(state_dir: Path, uuid: str, volatile: int, aggregate: int | None = None) -> None:
+    """Set the uncorrected ECC error counts nvmlDeviceGetTotalEccErrors reports.
+
+    `volatile` counts since the last driver load or GPU reset, `aggregate` over the GPU's life. Without
+    `aggregate`, the aggregate count grows by as much as the volatile one grew, so that it stays at least
+    as large, as on a real GPU.
+    """
+    if volatile < 0 or (aggregate is not None and aggregate < 0):
+        raise ValueError("ECC error counts cannot be negative")
+    if aggregate is None:
+        before = _read_number(state_dir / "ecc-volatile" / uuid)
+        aggregate = _read_number(state_dir / "ecc-aggregate" / uuid) + max(0, volatile - before)
+    _write_atomic(state_dir / "ecc-aggregate" / uuid, f"{aggregate}\n")
+    _write_atomic(state_dir / "ecc-volatile" / uuid, f"{volatile}\n")
+
+
+def recovery_action(state_dir: Path, uuid: str, action: int) -> None:
+    """The driver's recommended recovery (NVML_GPU_RECOVERY_ACTION_*: 0 none, 1 GPU reset, 2 node reboot,
+    3 drain P2P, 4 drain and reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot), read through
+    nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)."""
+    if not 0 <= action <= 7:
+        raise ValueError(f"recovery action {action} is not an NVML_GPU_RECOVERY_ACTION_* value (0..7)")
+    target = state_dir / "recovery-action" / uuid
+    if action == 0:
+        target.unlink(missing_ok=True)
+    else:
+        _write_atomic(target, f"{action}\n")
+
+
+def unanswering(state_dir: Path, uuid: str, on: bool = True) -> None:
+    """A GPU that no longer answers: every call on it and its MIG devices but the identity ones returns
+    NVML_ERROR_UNKNOWN. Unlike lose_gpu, no event is delivered."""
+    _mark(state_dir, "unanswering", uuid, on)
+
+
+def find_gpu(state_dir: Path, uuid: str) -> None:
+    """A lost GPU is back on the bus: its calls answer again (the other health state is left as it is)."""
+    _mark(state_dir, "lost", uuid, False)
+
+
+def reset_gpu(state_dir: Path, uuid: str) -> None:
+    """What a GPU reset does to the state a health check reads, in one call: the GPU is found and answers,
+    no retirement or remap is pending, no remap failure, no recovery action, the volatile ECC count is 0.
+    The aggregate ECC count survives, as on a real GPU. A process polling the GPU meanwhile sees it answer
+    only once the rest is cleared."""
+    if (state_dir / "ecc-volatile" / uuid).exists():
+        _write_atomic(state_dir / "ecc-volatile" / uuid, "0\n")
+    for folder in RESET_CLEARS:
+        (state_dir / folder / uuid).unlink(missing_ok=True)
+
+
 def read_compute_mode(state_dir: Path, uuid: str, default: str = "DEFAULT") -> str:
     try:
         return (state_dir / "compute-mode" / uuid).read_text().strip() or default
@@ -207,6 +302,43 @@ class NodeSim:
         if self.inventory.gpu(uuid) is None:
             raise ValueError(f"{uuid} is a MIG device; only a whole GPU can fall off the bus")
         lose_gpu(self.state_dir, uuid)
+
+    def _whole_gpu(self, uuid: str, call: str) -> None:
+        self._known(uuid)
+        if self.inventory.gpu(uuid) is None:
+            raise ValueError(f"{uuid} is a MIG device; {call} takes a GPU's UUID (its MIG devices follow it)")
+
+    def pending_retirement(self, uuid: str, on: bool = True) -> None:
+        self._whole_gpu(uuid, "pending_retirement")
+        pending_retirement(self.state_dir, uuid, on)
+
+    def pending_remap(self, uuid: str, on: bool = True) -> None:
+        self._whole_gpu(uuid, "pending_remap")
+        pending_remap(self.state_dir, uuid, on)
+
+    def remap_failure(self, uuid: str, on: bool = True) -> None:
+        self._whole_gpu(uuid, "remap_failure")
+        remap_failure(self.state_dir, uuid, on)
+
+    def ecc_errors(self, uuid: str, volatile: int, aggregate: int | None = None) -> None:
+        self._whole_gpu(uuid, "ecc_errors")
+        ecc_errors(self.state_dir, uuid, volatile, aggregate)
+
+    def recovery_action(self, uuid: str, action: int) -> None:
+        self._whole_gpu(uuid, "recovery_action")
+        recovery_action(self.state_dir, uuid, action)
+
+    def unanswering(self, uuid: str, on: bool = True) -> None:
+        self._whole_gpu(uuid, "unanswering")
+        unanswering(self.state_dir, uuid, on)
+
+    def find_gpu(self, uuid: str) -> None:
+        self._whole_gpu(uuid, "find_gpu")
+        find_gpu(self.state_dir, uuid)
+
+    def reset_gpu(self, uuid: str) -> None:
+        self._whole_gpu(uuid, "reset_gpu")
+        reset_gpu(self.state_dir, uuid)
 
     def compute_mode(self, uuid: str) -> str:
         """The compute mode last set through NVML by any process ("DEFAULT", "EXCLUSIVE_PROCESS", ...)."""

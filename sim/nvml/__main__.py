@@ -1,4 +1,4 @@
-"""Drive a simulated node from the shell: python -m sim.nvml inject-xid|lose-gpu|compute-mode|build ..."""
+"""Drive a simulated node from the shell: python -m sim.nvml inject-xid|lose-gpu|reset-gpu|... (--help)."""
 
 from __future__ import annotations
 
@@ -6,30 +6,76 @@ import argparse
 import sys
 from pathlib import Path
 
-from sim.nvml import build_library, inject_xid, lose_gpu, read_compute_mode
+from sim.nvml import (
+    build_library,
+    ecc_errors,
+    find_gpu,
+    inject_xid,
+    lose_gpu,
+    pending_remap,
+    pending_retirement,
+    read_compute_mode,
+    recovery_action,
+    remap_failure,
+    reset_gpu,
+    unanswering,
+)
+
+# Subcommands that set or clear a GPU's marker (--off clears it), with the function that does it.
+MARKERS = {
+    "pending-retirement": (pending_retirement, "pages wait for retirement (pre-Ampere GPUs)"),
+    "pending-remap": (pending_remap, "a row remap waits for a GPU reset (Ampere and newer)"),
+    "remap-failure": (remap_failure, "row remapping failed"),
+    "unanswering": (unanswering, "the GPU stops answering: NVML_ERROR_UNKNOWN from its calls"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.nvml", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    xid = sub.add_parser("inject-xid", help="deliver an XID event for a GPU or MIG device")
-    xid.add_argument("--state-dir", type=Path, required=True)
-    xid.add_argument("--uuid", required=True)
-    xid.add_argument("--xid", type=int, required=True)
-    lost = sub.add_parser("lose-gpu", help="make a GPU fall off the bus (GPU_IS_LOST, XID 79)")
-    lost.add_argument("--state-dir", type=Path, required=True)
-    lost.add_argument("--uuid", required=True)
-    mode = sub.add_parser("compute-mode", help="print a GPU's compute mode as last set through NVML")
-    mode.add_argument("--state-dir", type=Path, required=True)
-    mode.add_argument("--uuid", required=True)
+
+    def gpu_command(name: str, help: str) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help)
+        command.add_argument("--state-dir", type=Path, required=True)
+        command.add_argument("--uuid", required=True)
+        return command
+
+    gpu_command("inject-xid", "deliver an XID event for a GPU or MIG device").add_argument(
+        "--xid", type=int, required=True
+    )
+    gpu_command("lose-gpu", "make a GPU fall off the bus (GPU_IS_LOST, XID 79)")
+    gpu_command("find-gpu", "a lost GPU is back on the bus")
+    gpu_command("reset-gpu", "as after a GPU reset: found, answering, nothing pending, volatile ECC 0")
+    gpu_command("compute-mode", "print a GPU's compute mode as last set through NVML")
+    for name, (_, help) in MARKERS.items():
+        gpu_command(name, f"{help}; --off clears it").add_argument("--off", action="store_true")
+    ecc = gpu_command("ecc-errors", "set the uncorrected ECC error counts")
+    ecc.add_argument("--volatile", type=int, required=True)
+    ecc.add_argument("--aggregate", type=int, help="default: grows by as much as the volatile count grew")
+    gpu_command("recovery-action", "set the driver's recommended recovery action").add_argument(
+        "--action", type=int, required=True, choices=range(8), metavar="0..7"
+    )
     sub.add_parser("build", help="compile the stand-in library and print its path")
     args = parser.parse_args(argv)
     if args.command == "inject-xid":
         inject_xid(args.state_dir, args.uuid, args.xid)
     elif args.command == "lose-gpu":
         lose_gpu(args.state_dir, args.uuid)
+    elif args.command == "find-gpu":
+        find_gpu(args.state_dir, args.uuid)
+    elif args.command == "reset-gpu":
+        reset_gpu(args.state_dir, args.uuid)
     elif args.command == "compute-mode":
         print(read_compute_mode(args.state_dir, args.uuid))
+    elif args.command in MARKERS:
+        MARKERS[args.command][0](args.state_dir, args.uuid, not args.off)
+    elif args.command == "ecc-errors":
+        try:
+            ecc_errors(args.state_dir, args.uuid, args.volatile, args.aggregate)
+        except ValueError as err:
+            parser.error(str(err))
+    elif args.command == "recovery-action":
+        recovery_action(args.state_dir, args.uuid, args.action)
     else:
         print(build_library())
     return 0
