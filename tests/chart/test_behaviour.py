@@ -75,6 +75,10 @@ def test_null_values_leave_binary_defaults_and_typed_values_are_passed() -> None
         "NVIDIA_VISIBLE_DEVICES",
         "NVIDIA_DRIVER_CAPABILITIES",
         "HEALTH_ADDRESS",  # probes are on by default; metrics are not
+        # devicePlugin.healthRecovery has values of its own (not NVIDIA's: its plugin has no recovery)
+        "HEALTH_RECOVERY_AFTER",
+        "HEALTH_FLAP_LIMIT",
+        "HEALTH_STATE_DIR",
     }
     variables = env(
         plugin_ctr(

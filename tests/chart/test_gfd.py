@@ -59,7 +59,8 @@ def test_gfd_daemonset_runs_the_plugin_image_where_the_plugin_runs() -> None:
         "capabilities": {"drop": ["ALL"]},
     }
     assert "GFD_USE_NODE_FEATURE_API" not in env(ctr)  # unset: label the Node directly
-    assert "volumeMounts" not in ctr
+    # Only the health authority's health.json directory, read-only (test_health_recovery.py).
+    assert [m["name"] for m in ctr["volumeMounts"]] == ["health-state"]
 
 
 def test_gfd_values_become_nvidia_env_names() -> None:
@@ -99,8 +100,9 @@ def test_features_file_output_mounts_features_d_and_needs_no_token() -> None:
     ds = rendered.one("DaemonSet", GFD)
     assert env(gfd_ctr(rendered))["GFD_USE_NODE_FEATURE_API"] == "false"
     assert pod_spec(ds)["automountServiceAccountToken"] is False
-    (mount,) = gfd_ctr(rendered)["volumeMounts"]
+    mount, health = gfd_ctr(rendered)["volumeMounts"]
     assert mount["mountPath"] == "/etc/kubernetes/node-feature-discovery/features.d"
+    assert health["name"] == "health-state"
 
 
 def test_node_feature_api_gets_its_rbac_rule() -> None:
@@ -204,7 +206,7 @@ def test_per_node_config_is_followed_like_the_plugin() -> None:
     for name in ("CONFIG_DIR", "DEFAULT_CONFIG", "FALLBACK_STRATEGIES"):
         assert env(ctr)[name] == env(plugin)[name]
     assert "CONFIG_FILE" not in env(ctr)
-    assert {m["mountPath"] for m in ctr["volumeMounts"]} == {"/available-configs"}
+    assert {m["mountPath"] for m in ctr["volumeMounts"]} == {"/available-configs", "/run/nvidia/nvdp"}
     assert "checksum/config" not in (rendered.one("DaemonSet", GFD)["spec"]["template"]["metadata"]
                                      .get("annotations") or {})  # fmt: skip
     # and the labeller reads them: per-node settings from the rendered environment

@@ -4,7 +4,7 @@ schema cannot reach: the entry is parsed with fromYaml and walked against the sa
 values.schema.json applies to object entries ($defs.nvdpConfig; templates get it from
 _config_keys.tpl, generated from config-schema.json like values.schema.json), for the keywords it uses: $ref, type,
 const, enum, minimum, maximum, minLength, pattern, minItems, uniqueItems, required, properties,
-items, oneOf, anyOf. Unknown keys are checked by checkConfigKeys, with the loader's did-you-mean.
+items, oneOf, anyOf, not. Unknown keys are checked by checkConfigKeys, with the loader's did-you-mean.
 
 Call with (dict "at" "/config/map/<entry>" "value" <parsed> "schema" <schema> "root" <nvdpConfig>).
 Output: the first problem, worded as Helm words it for an object entry ("at '<path>': <problem>"),
@@ -61,7 +61,7 @@ or nothing.
 {{- if and (hasKey $schema "minLength") (lt (len $value) (int (get $schema "minLength"))) -}}
 {{- $problem = printf "at '%s': minLength: got %d, want %v" $at (len $value) (get $schema "minLength") -}}
 {{- else if and (hasKey $schema "pattern") (not (regexMatch (get $schema "pattern") $value)) -}}
-{{- $problem = printf "at '%s': '%s' does not match pattern '%s'" $at $value (get $schema "pattern") -}}
+{{- $problem = printf "at '%s': '%s' does not match pattern '%s'" $at $value (replace "\\" "\\\\" (get $schema "pattern")) -}}
 {{- end -}}
 {{- end -}}
 {{- if and (not $problem) (eq $kind "array") -}}
@@ -102,6 +102,11 @@ or nothing.
 {{- if or (eq $matched 0) (and (eq $keyword "oneOf") (gt $matched 1)) -}}
 {{- $problem = printf "at '%s': '%s' failed, %s" $at $keyword (ternary "none matched" "more than one matched" (eq $matched 0)) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (not $problem) (hasKey $schema "not") -}}
+{{- if not (include "nvidia-device-plugin.schemaProblem" (dict "at" $at "value" $value "schema" (get $schema "not") "root" $.root)) -}}
+{{- $problem = printf "at '%s': 'not' failed" $at -}}
 {{- end -}}
 {{- end -}}
 {{- $problem -}}

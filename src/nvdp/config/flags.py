@@ -51,6 +51,11 @@ _HELP = {
     "--shared-devices-allocation-policy": "distributed or packed (env SHARED_DEVICES_ALLOCATION_POLICY)",
     "--device-plugin-path": "kubelet device-plugin directory (env DEVICE_PLUGIN_PATH)",
     "--kubelet-socket": "kubelet registration socket (env KUBELET_SOCKET)",
+    "--health-recovery-after": "quiet time after the last critical XID before an Unhealthy GPU is checked "
+    "again, e.g. 30s, 5m, 1h30m, or never (env HEALTH_RECOVERY_AFTER)",
+    "--health-flap-limit": "a GPU that turns Unhealthy more than this many times in an hour stays down "
+    "(env HEALTH_FLAP_LIMIT)",
+    "--health-state-dir": "host directory for health.json; empty: no file (env HEALTH_STATE_DIR)",
     "--imex-channel-ids": "comma list of IMEX channels: empty or 0 (env IMEX_CHANNEL_IDS)",
     "--imex-required": "fail when an IMEX channel is missing (env IMEX_REQUIRED)",
 }

@@ -52,6 +52,13 @@ class PluginFlags(Struct, frozen=True):
     # Same syntax as DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS: "all", "xids" or XID numbers.
     disable_health_checks: tuple[str, ...] = ()
     enable_health_checks: tuple[str, ...] = ()
+    # Ours: how a GPU marked Unhealthy comes back. "never" (NVIDIA's behaviour) or a Go duration > 0;
+    # nvdp.config.durations.recovery_after_seconds gives the seconds.
+    health_recovery_after: str = "5m"
+    # More Unhealthy turns than this within an hour: the GPU stays down (flapping).
+    health_flap_limit: int = 3
+    # Host directory of health.json (written by the health authority, read by GFD); empty: no file.
+    health_state_dir: str = ""
 
     @property
     def kubelet_socket_path(self) -> str:

@@ -145,6 +145,9 @@ def _keyword(key: str, arg: Any, node: SchemaNode, value: object, root: SchemaNo
     if key == "anyOf":
         verdicts = [_check(branch, value, root) for branch in arg]
         return True if True in verdicts else (None if None in verdicts else False)
+    if key == "not":
+        refused = _check(arg, value, root)
+        return None if refused is None else not refused
     if key == "oneOf":
         verdicts = [_check(branch, value, root) for branch in arg]
         return None if None in verdicts else verdicts.count(True) == 1

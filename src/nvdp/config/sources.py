@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from nvdp.config.issues import ConfigIssue, show_value
 from nvdp.config.schema import accepted_types, alternatives, node_at, resolve
+from nvdp.config.validate import expected_phrase
 
 CONFIG_FILE_ENV = "CONFIG_FILE"
 
@@ -41,6 +42,9 @@ ENV_VARS: Mapping[str, str] = {
     "KUBELET_SOCKET": "flags.plugin.kubeletSocket",
     "DP_DISABLE_HEALTHCHECKS": "flags.plugin.disableHealthChecks",
     "DP_ENABLE_HEALTHCHECKS": "flags.plugin.enableHealthChecks",
+    "HEALTH_RECOVERY_AFTER": "flags.plugin.healthRecoveryAfter",
+    "HEALTH_FLAP_LIMIT": "flags.plugin.healthFlapLimit",
+    "HEALTH_STATE_DIR": "flags.plugin.healthStateDir",
     "IMEX_CHANNEL_IDS": "imex.channelIDs",
     "IMEX_REQUIRED": "imex.required",
 }
@@ -67,6 +71,9 @@ FLAG_PATHS: Mapping[str, str] = {
     "--shared-devices-allocation-policy": "flags.plugin.sharedDevicesAllocationPolicy",
     "--device-plugin-path": "flags.plugin.devicePluginPath",
     "--kubelet-socket": "flags.plugin.kubeletSocket",
+    "--health-recovery-after": "flags.plugin.healthRecoveryAfter",
+    "--health-flap-limit": "flags.plugin.healthFlapLimit",
+    "--health-state-dir": "flags.plugin.healthStateDir",
     "--imex-channel-ids": "imex.channelIDs",
     "--imex-required": "imex.required",
 }
@@ -97,8 +104,9 @@ def split_path(path: str) -> tuple[str, ...]:
 def convert_text(path: str, text: str, source: str) -> tuple[object, ConfigIssue | None]:
     """Turn an env/flag string into the value the schema expects at `path`.
 
-    Booleans must be a boolean word; list-valued settings take a comma-separated list (integers where
-    the list holds only integers). Everything else stays text and is checked by the schema.
+    Booleans must be a boolean word, integers a whole number; list-valued settings take a
+    comma-separated list (integers where the list holds only integers). Everything else stays text
+    and is checked by the schema.
     """
     node = node_at(split_path(path))
     if node is None:
@@ -111,6 +119,17 @@ def convert_text(path: str, text: str, source: str) -> tuple[object, ConfigIssue
                 source, path, "not a boolean", value=show_value(text), fix=f"use {BOOL_WORDS}"
             )
         return value, None
+    if types - {"null"} == {"integer"}:  # healthFlapLimit; bounds are the schema's to check
+        try:
+            return int(text.strip()), None
+        except ValueError:
+            return text, ConfigIssue(
+                source,
+                path,
+                "not an integer",
+                value=show_value(text),
+                fix=f"expected {expected_phrase(node)}",
+            )
     array = next((alt for alt in alternatives(node) if "array" in accepted_types(alt)), None)
     if array is None:
         return text, None

@@ -95,12 +95,20 @@ def _describe(error: ValidationError, locate: Locate) -> list[ConfigIssue]:
         "uniqueItems": "lists the same item twice",
     }
     message = messages.get(str(keyword), error.message)
+    if keyword == "not":
+        message = _not_message(error.validator_value)
     fix = f"expected {expected_phrase(node)}"
     if keyword == "minItems" and error.validator_value == 1:
         message, fix = "must not be empty", "add at least one entry"
     if keyword == "maximum" and isinstance(node.get("$comment"), str):
         message += f": {node['$comment']}"  # the schema says why the bound is where it is
     return [_issue(locate, path, message, got, fix)]
+
+
+def _not_message(refused: object) -> str:
+    """ "must not be <what the `not` schema describes>" (its description says what it refuses)."""
+    described = refused.get("description") if isinstance(refused, dict) else None
+    return f"must not be {described}" if isinstance(described, str) else "is not allowed"
 
 
 def _intended_branch(error: ValidationError) -> list[ValidationError] | None:

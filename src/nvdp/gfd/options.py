@@ -9,13 +9,12 @@ kubeconfig) are plain options.
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 
 from msgspec import Struct
 
+from nvdp.config.durations import parse_duration as parse_duration  # where GFD's callers import it
 from nvdp.config.sources import ENV_VARS
 from nvdp.nodeconfig import NodeConfigSettings, add_node_config_arguments, settings_from
 
@@ -30,6 +29,7 @@ GFD_ENV_VARS: Mapping[str, str] = {
     "GFD_MACHINE_TYPE_FILE": "flags.gfd.machineTypeFile",
     "GFD_USE_NODE_FEATURE_API": "flags.useNodeFeatureAPI",
     "USE_NODE_FEATURE_API": "flags.useNodeFeatureAPI",
+    # The plugin's names too, HEALTH_STATE_DIR among them: GFD reads the health authority's health.json.
     **{name: path for name, path in ENV_VARS.items() if path},
 }
 CONFIG_FILE_ENVS = ("GFD_CONFIG_FILE", "CONFIG_FILE")
@@ -47,6 +47,7 @@ GFD_FLAG_PATHS: Mapping[str, str] = {
     "--device-discovery-strategy": "flags.deviceDiscoveryStrategy",
     "--driver-root": "flags.nvidiaDriverRoot",
     "--driver-root-ctr-path": "flags.plugin.containerDriverRoot",
+    "--health-state-dir": "flags.plugin.healthStateDir",
 }
 _BOOL = {"--fail-on-init-error", "--oneshot", "--no-timestamp", "--use-node-feature-api"}
 _ALIASES = {"--output-file": ("-o", "--output"), "--driver-root": ("--nvidia-driver-root",),
@@ -65,24 +66,9 @@ _HELP = {
     "--device-discovery-strategy": "auto or nvml (env DEVICE_DISCOVERY_STRATEGY)",
     "--driver-root": "host path of the NVIDIA driver (env NVIDIA_DRIVER_ROOT)",
     "--driver-root-ctr-path": "driver root inside this container (env DRIVER_ROOT_CTR_PATH)",
+    "--health-state-dir": "host directory of health.json, written by the device plugin or the DRA plugin "
+    "(env HEALTH_STATE_DIR)",
 }
-
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?)(ns|us|µs|ms|s|m|h)")
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """A Go duration ("60s", "1m30s", "500ms", "0"), a number of nanoseconds ("5000ns" as the
-    loader stores bare numbers), or "infinite" (math.inf), in seconds. The schema checked the form."""
-    text = text.strip()
-    if text == "infinite":
-        return math.inf
-    if text == "0":
-        return 0.0
-    parts = _DURATION_PART.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 60s, 1m30s or infinite)")
-    return sum(float(n) * _UNIT_S[u] for n, u in parts)
 
 
 class ProcessOptions(Struct, frozen=True):
