@@ -57,6 +57,18 @@ ALLOCATE_DURATION = Histogram(
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
     registry=PLUGIN,
 )
+GPU_HEALTH = Gauge(
+    "nvdp_gpu_unhealthy",
+    "GPUs that are down, by UUID and what brings them back (recovering: by itself after the quiet period; "
+    "needs-reset: a GPU reset; flapping or recovery-off: clearing by hand or a restart). 1 while down.",
+    ["gpu", "state"], registry=PLUGIN,
+)
+HEALTH_RECOVERIES = Counter(
+    "nvdp_gpu_recoveries",
+    "GPUs that came back after being down, by UUID and how (recovered: by the health rules; "
+    "cleared: by hand).",
+    ["gpu", "how"], registry=PLUGIN,
+)
 XID_EVENTS = Counter(
     "nvdp_xid_events",
     "XID events seen, by GPU UUID, XID code and action (ignored, or critical: devices marked Unhealthy).",

@@ -21,8 +21,6 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any, Protocol
 
-from nvdp.text import short_list
-
 
 class EventWriter(Protocol):
     """Sends Events on the Node (nvdp.node_events.NodeEvents); must not block the caller."""
@@ -150,10 +148,25 @@ class Recorder:
             self.event("ConfigRefused",
                        f"new configuration refused, the previous one keeps serving: {detail}")
 
-    def devices_unhealthy(self, uuids: frozenset[str], reason: str) -> None:
-        """Health turned devices Unhealthy (the nvdp_devices gauge shows it at the next scrape)."""
-        self.event("GPUUnhealthy", f"{reason}: {short_list(sorted(uuids))} and the devices on them are "
-                   "Unhealthy; they stay so until the plugin reloads its config (SIGHUP) or restarts")
+    # Health changes: reason of the Node Event, and whether it is a Warning.
+    _HEALTH_EVENTS = {"down": ("GPUUnhealthy", True), "held": ("GPUFlapping", True),
+                      "blocked": ("GPURecoveryBlocked", True), "recovered": ("GPUHealthy", False),
+                      "cleared": ("GPUCleared", False)}
+
+    def health_changed(self, kind: str, gpu: str, message: str) -> None:
+        """A GPU went down, was held down, was kept down by a re-check, came back or was cleared."""
+        reason, warning = self._HEALTH_EVENTS[kind]
+        self.event(reason, message, warning=warning)
+        if self._series is not None and kind in ("recovered", "cleared"):
+            self._series.HEALTH_RECOVERIES.labels(gpu, "cleared" if kind == "cleared" else "recovered").inc()
+
+    def health_states(self, states: dict[str, str]) -> None:
+        """GPUs that are down, by state (recovering, needs-reset, flapping, recovery-off); replaces all."""
+        if self._series is None:
+            return
+        self._series.GPU_HEALTH.clear()
+        for gpu, state in states.items():
+            self._series.GPU_HEALTH.labels(gpu, state).set(1)
 
     def config_active(self, source: str, entry: str) -> None:
         if self._series is not None:

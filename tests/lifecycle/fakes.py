@@ -63,12 +63,15 @@ class Handle:
 
 
 class FakeNvml:
-    """Just the pynvml calls the health monitor makes; events are fed through `events`."""
+    """Just the pynvml calls the health monitor makes; events are fed through `events`, and the
+    re-check readings are the sets and dicts below (a GPU in none of them reads as fine)."""
 
     NVMLError = NVMLError
     NVML_ERROR_NOT_SUPPORTED = 3
     NVML_ERROR_TIMEOUT = 10
     NVML_ERROR_GPU_IS_LOST = 15
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13
+    NVML_ERROR_UNKNOWN = 999
 
     def __init__(self, uuids: list[str]) -> None:
         self.handles = {u: Handle(u) for u in uuids}
@@ -76,6 +79,12 @@ class FakeNvml:
         self.registered: dict[str, int] = {}
         self.not_supported: set[str] = set()
         self.lost: set[str] = set()
+        self.unanswering: set[str] = set()
+        self.remap_pending: set[str] = set()
+        self.retirement_pending: set[str] = set()
+        self.volatile_ecc: dict[str, int] = {}
+        self.recovery_action: dict[str, int] = {}
+        self.no_recheck_readings = False  # an old driver: only the memory info answers
         self.init_count = 0
         self.waits = 0
 
@@ -106,6 +115,35 @@ class FakeNvml:
 
     def nvmlDeviceRegisterEvents(self, handle: Handle, types: int, event_set: object) -> None:
         self.registered[handle.uuid] = types
+
+    def _gate(self, handle: Handle, reading: bool = True) -> None:
+        if handle.uuid in self.lost:
+            raise NVMLError(self.NVML_ERROR_GPU_IS_LOST)
+        if handle.uuid in self.unanswering:
+            raise NVMLError(self.NVML_ERROR_UNKNOWN)
+        if reading and self.no_recheck_readings:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle) -> object:
+        self._gate(handle, reading=False)
+        return object()
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Handle) -> int:
+        self._gate(handle)
+        return int(handle.uuid in self.retirement_pending)
+
+    def nvmlDeviceGetRemappedRows(self, handle: Handle) -> tuple[int, int, int, int]:
+        self._gate(handle)
+        return (0, 0, int(handle.uuid in self.remap_pending), 0)
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Handle, error_type: int, counter_type: int) -> int:
+        self._gate(handle)
+        return self.volatile_ecc.get(handle.uuid, 0)
+
+    def nvmlDeviceGetFieldValues(self, handle: Handle, field_ids: list[int]) -> list[Any]:
+        self._gate(handle)
+        value = type("Value", (), {"uiVal": self.recovery_action.get(handle.uuid, 0)})()
+        return [type("Field", (), {"nvmlReturn": 0, "value": value})()]
 
     def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> Event:
         self.waits += 1

@@ -4,16 +4,19 @@ import ctypes
 import logging
 import queue
 import threading
+from pathlib import Path
 
 import pytest
 
 from nvdp import recording
 from nvdp.config.model import Config, Flags, PluginFlags
+from nvdp.health.ledger import Change, Ledger, Settings
+from nvdp.health.state import read_state, request_clear
 from nvdp.plugin.health import HealthMonitor, event_targets
 from nvdp.plugin.nvml_event import event_fields
 from nvdp.plugin.xid_policy import XidPolicy, policy_from_config, xid_policy
 
-from .fakes import Event, FakeNvml, NVMLError, gpu, inventory, mig_device
+from .fakes import Event, FakeNvml, NVMLError, eventually, gpu, inventory, mig_device
 
 LOG = logging.getLogger("test.health")
 
@@ -89,21 +92,40 @@ def test_event_targets_gpu_and_mig() -> None:
 
 
 class Reports:
+    """The consumer: each call as (the devices the changes name, their reasons), and the latest
+    set of all unhealthy UUIDs."""
+
     def __init__(self) -> None:
         self.calls: queue.Queue[tuple[frozenset[str], str]] = queue.Queue()
+        self.unhealthy: frozenset[str] = frozenset()
+        self.kinds: list[str] = []
 
-    def __call__(self, uuids: frozenset[str], reason: str) -> None:
-        self.calls.put((uuids, reason))
+    def __call__(self, unhealthy: frozenset[str], changes: list[Change]) -> None:
+        self.unhealthy = unhealthy
+        self.kinds += [c.kind for c in changes]
+        devices = frozenset().union(*(c.devices for c in changes))
+        self.calls.put((devices, "; ".join(sorted({c.reason for c in changes}))))
 
     def next(self) -> tuple[frozenset[str], str]:
         return self.calls.get(timeout=5)
 
 
-def start_monitor(nvml: FakeNvml, policy: XidPolicy | None = None) -> tuple[HealthMonitor, Reports]:
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def start_monitor(nvml: FakeNvml, policy: XidPolicy | None = None, settings: Settings | None = None,
+                  clock: Clock | None = None, **kwargs: object) -> tuple[HealthMonitor, Reports]:
     inv = inventory(gpu(0), gpu(1, mig=(mig_device(1, 0, 3, 0),)))
     reports = Reports()
-    monitor = HealthMonitor(inv, policy or xid_policy(), reports, LOG, recorder=recording.Recorder(),
-                            nvml=nvml, wait_ms=20)
+    ledger = Ledger(settings or Settings(after=None))
+    monitor = HealthMonitor(inv, policy or xid_policy(), ledger, reports, LOG,
+                            recorder=recording.Recorder(), nvml=nvml, wait_ms=20, clock=clock or Clock(),
+                            **kwargs)  # type: ignore[arg-type]
     return monitor, reports
 
 
@@ -117,7 +139,7 @@ def test_monitor_reports_critical_xid_and_skips_ignored_and_ecc() -> None:
         nvml.events.put(Event(nvml.handles["GPU-0"], 0x2, 0))
         nvml.events.put(Event(nvml.handles["GPU-1"], 0x8, 48, 3, 0))
         nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 79))
-        assert reports.next() == (frozenset({"MIG-1-0"}), "XID 48 (critical error)")
+        assert reports.next() == (frozenset({"MIG-1-0"}), "XID 48 (double-bit ECC error)")
         assert reports.next() == (frozenset({"GPU-0"}), "XID 79 (GPU has fallen off the bus)")
     finally:
         monitor.stop()
@@ -141,11 +163,11 @@ def test_an_xid_is_counted_before_its_devices_are_marked() -> None:
     at_report: queue.Queue[list[tuple[str, int, str]]] = queue.Queue()
     nvml = FakeNvml(["GPU-0"])
 
-    def report(_uuids: frozenset[str], _reason: str) -> None:
+    def report(_uuids: frozenset[str], _changes: list[Change]) -> None:
         at_report.put(list(counted))
 
-    monitor = HealthMonitor(inventory(gpu(0)), xid_policy(), report, LOG, recorder=counter,
-                            nvml=nvml, wait_ms=20)
+    monitor = HealthMonitor(inventory(gpu(0)), xid_policy(), Ledger(Settings()), report, LOG,
+                            recorder=counter, nvml=nvml, wait_ms=20)
     assert monitor.start()
     try:
         nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 79))
@@ -238,13 +260,13 @@ def test_monitor_consumer_error_does_not_stop_the_loop() -> None:
     seen: list[frozenset[str]] = []
     done: queue.Queue[bool] = queue.Queue()
 
-    def consumer(uuids: frozenset[str], reason: str) -> None:
-        seen.append(uuids)
+    def consumer(uuids: frozenset[str], changes: list[Change]) -> None:
+        seen.append(frozenset().union(*(c.devices for c in changes)))
         if len(seen) == 1:
             raise RuntimeError("boom")
         done.put(True)
 
-    monitor = HealthMonitor(inventory(gpu(0), gpu(1)), xid_policy(), consumer, LOG,
+    monitor = HealthMonitor(inventory(gpu(0), gpu(1)), xid_policy(), Ledger(Settings()), consumer, LOG,
                             recorder=recording.Recorder(), nvml=nvml, wait_ms=20)
     assert monitor.start()
     try:
@@ -272,7 +294,7 @@ def test_an_event_that_cannot_be_handled_is_logged_and_checking_goes_on(
     try:
         nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, Unreadable()))  # type: ignore[arg-type]
         nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 48))
-        assert reports.next() == (frozenset({"GPU-0"}), "XID 48 (critical error)")
+        assert reports.next() == (frozenset({"GPU-0"}), "XID 48 (double-bit ECC error)")
     finally:
         monitor.stop()
     failures = [r for r in caplog.records if r.getMessage().startswith("Health checking failed unexpectedly")]
@@ -319,3 +341,112 @@ def test_an_event_with_another_layout_is_read_field_by_field() -> None:
     assert ctypes.sizeof(Narrow) == ctypes.sizeof(pytest.importorskip("pynvml").c_nvmlEventData_t)
     assert event_fields(narrow) == (0, 0x8, 48, 1, 2)
     assert event_fields(Event(handle, 0x8, 48)) == (id(handle), 0x8, 48, 0xFFFFFFFF, 0xFFFFFFFF)
+
+
+def wait_for(reports: Reports, kind: str) -> tuple[frozenset[str], str]:
+    while True:
+        devices, reason = reports.next()
+        if reports.kinds[-1] == kind:
+            return devices, reason
+
+
+def test_a_transient_xid_recovers_after_the_quiet_period_and_a_new_one_restarts_it() -> None:
+    nvml, clock = FakeNvml(["GPU-0", "GPU-1"]), Clock()
+    monitor, reports = start_monitor(nvml, settings=Settings(after=300), clock=clock)
+    assert monitor.start()
+    try:
+        nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 94))
+        assert reports.next() == (frozenset({"GPU-0"}), "XID 94 (contained ECC error)")
+        clock.now += 200
+        nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 94))  # quiet period starts again
+        assert eventually(lambda: monitor.ledger.faults()["GPU-0"].last_fault == clock.now)
+        clock.now += 200
+        assert not eventually(lambda: not reports.unhealthy, timeout=0.3)
+        clock.now += 101
+        devices, reason = wait_for(reports, "recovered")
+        assert devices == {"GPU-0"} and reason == "recovered from XID 94 (contained ECC error)"
+        assert reports.unhealthy == frozenset()
+    finally:
+        monitor.stop()
+
+
+def test_a_reset_xid_waits_for_nvml_to_show_the_reset() -> None:
+    nvml, clock = FakeNvml(["GPU-0", "GPU-1"]), Clock()
+    nvml.volatile_ecc["GPU-1"] = 2
+    monitor, reports = start_monitor(nvml, settings=Settings(after=60), clock=clock)
+    assert monitor.start()
+    try:
+        nvml.events.put(Event(nvml.handles["GPU-1"], 0x8, 95))
+        assert reports.next()[0] == {"GPU-1"}
+        clock.now += 3600  # time alone never brings it back
+        assert not eventually(lambda: not reports.unhealthy, timeout=0.3)
+        nvml.volatile_ecc["GPU-1"] = 0  # a GPU reset zeroes the volatile count
+        clock.now += 1
+        assert wait_for(reports, "recovered")[0] == {"GPU-1"}
+    finally:
+        monitor.stop()
+
+
+def test_a_lost_gpu_stays_down_while_lost_and_returns_once_nvml_answers(tmp_path: Path) -> None:
+    nvml, clock = FakeNvml(["GPU-0", "GPU-1"]), Clock()
+    monitor, reports = start_monitor(nvml, settings=Settings(after=30), clock=clock, state_dir=str(tmp_path))
+    assert monitor.start()
+    try:
+        nvml.lost.add("GPU-1")
+        nvml.events.put(NVMLError(nvml.NVML_ERROR_GPU_IS_LOST))
+        assert reports.next()[0] == {"GPU-1"}
+        assert eventually(lambda: "GPU-1" in (read_state(str(tmp_path)) or {}).get("gpus", {}))
+        record = read_state(str(tmp_path))
+        assert record is not None and record["gpus"]["GPU-1"]["state"] == "needs-reset"
+        assert record["writer"] == "nvidia-device-plugin" and record["gpus"]["GPU-1"]["devices"] == ["GPU-1"]
+        clock.now += 100
+        assert not eventually(lambda: not reports.unhealthy, timeout=0.3)
+        nvml.lost.discard("GPU-1")
+        clock.now += 1
+        assert wait_for(reports, "recovered")[0] == {"GPU-1"}
+        assert eventually(lambda: (read_state(str(tmp_path)) or {}).get("gpus") == {})
+    finally:
+        monitor.stop()
+
+
+def test_a_pending_row_remap_holds_the_gpu_until_cleared() -> None:
+    nvml, clock = FakeNvml(["GPU-0", "GPU-1"]), Clock()
+    monitor, reports = start_monitor(nvml, settings=Settings(after=10), clock=clock)
+    assert monitor.start()
+    try:
+        nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 63))
+        assert reports.next()[0] == {"GPU-0"}
+        nvml.remap_pending.add("GPU-0")
+        clock.now += 20
+        _devices, reason = wait_for(reports, "blocked")
+        assert reason == "a row remapping is pending (applied at the next GPU reset)"
+        clock.now += 100
+        assert not eventually(lambda: not reports.unhealthy, timeout=0.3)
+        nvml.remap_pending.clear()
+        clock.now += 1
+        assert wait_for(reports, "recovered")[0] == {"GPU-0"}
+    finally:
+        monitor.stop()
+
+
+def test_a_clear_request_brings_a_flapping_gpu_back(tmp_path: Path) -> None:
+    nvml, clock = FakeNvml(["GPU-0", "GPU-1"]), Clock()
+    monitor, reports = start_monitor(nvml, settings=Settings(after=1, flap_limit=1), clock=clock,
+                                     state_dir=str(tmp_path))
+    assert monitor.start()
+    try:
+        for _ in range(2):
+            nvml.events.put(Event(nvml.handles["GPU-0"], 0x8, 94))
+            reports.next()
+            clock.now += 5
+            if reports.kinds[-1] != "held":
+                wait_for(reports, "recovered")
+        assert reports.kinds[-1] == "held"
+        clock.now += 3600 * 2
+        assert not eventually(lambda: not reports.unhealthy, timeout=0.3)
+        request_clear(str(tmp_path), ["GPU-0"])
+        clock.now += 1
+        assert wait_for(reports, "cleared")[0] == {"GPU-0"}
+        assert not (tmp_path / "clear" / "GPU-0").exists()
+    finally:
+        monitor.stop()

@@ -204,15 +204,21 @@ def test_unhealthy_marks_every_replica_of_the_gpu(tmp_path: Path, book: Book,
     m = manager(tmp_path, book)
     m.apply(Plan(resources=(GPU, SHARED)))
     assert eventually(lambda: len(m.registered) == 2)
-    m.mark_unhealthy(frozenset({"GPU-1"}), "XID 79 (GPU has fallen off the bus)")
+    m.set_health(frozenset({"GPU-1"}), "XID 79 (GPU has fallen off the bus)")
     shared = book.live()["nvidia.com/gpu.shared"].resource
     assert [(d.id, d.healthy) for d in shared.devices] == [
         ("GPU-0::0", True), ("GPU-0::1", True), ("GPU-1::0", False), ("GPU-1::1", False)]
     assert "nvidia.com/gpu.shared: 2 device(s) marked unhealthy (XID 79 (GPU has fallen off the bus)): " \
         "GPU-1::0, GPU-1::1" in caplog.messages
-    # A re-plan is the recovery path: the new plan's devices are healthy again.
+    # A re-plan keeps the GPU down; the health set is what brings it back.
     m.apply(Plan(resources=(GPU, SHARED)))
+    shared = book.live()["nvidia.com/gpu.shared"].resource
+    assert [d.healthy for d in shared.devices] == [True, True, False, False]
+    with caplog.at_level(logging.INFO):
+        m.set_health(frozenset(), "recovered from XID 79")
     assert all(d.healthy for d in book.live()["nvidia.com/gpu.shared"].resource.devices)
+    assert "nvidia.com/gpu.shared: 2 device(s) healthy again (recovered from XID 79): GPU-1::0, GPU-1::1" \
+        in caplog.messages
     m.stop()
 
 
@@ -330,10 +336,10 @@ def test_stopping_a_server_does_not_hold_up_health_updates(tmp_path: Path, book:
     remover.start()
     try:
         assert stopping.wait(5)
-        marker = threading.Thread(target=m.mark_unhealthy, args=(frozenset({"GPU-1"}), "XID 79"))
+        marker = threading.Thread(target=m.set_health, args=(frozenset({"GPU-1"}), "XID 79"))
         marker.start()
         marker.join(5)
-        assert not marker.is_alive(), "mark_unhealthy waited for a server to stop"
+        assert not marker.is_alive(), "set_health waited for a server to stop"
     finally:
         release.set()
         remover.join(10)

@@ -28,7 +28,9 @@ def test_every_event_of_a_process_goes_to_its_one_writer() -> None:
     recorder.config_applied("/etc/cfg", "added nvidia.com/gpu", True, 2.0)
     recorder.config_applied("/etc/cfg", "unchanged nvidia.com/gpu", False, 3.0)  # nothing changed: no Event
     recorder.config_refused("per-node config reports its own", 4.0, notify=False)
-    recorder.devices_unhealthy(frozenset(f"GPU-{i}" for i in range(6)), "XID 79 (GPU fell off the bus)")
+    recorder.health_changed("down", "GPU-0",
+                            "GPU-0: XID 79 (GPU has fallen off the bus); it needs a GPU reset")
+    recorder.health_changed("recovered", "GPU-0", "GPU-0 is healthy again")
     recorder.event("InvalidConfig", "config entry 'x' is invalid")
     recorder.event("ConfigApplied", "now serving entry 'y'", warning=False)
     recorder.node_seen("uid-1")
@@ -36,9 +38,8 @@ def test_every_event_of_a_process_goes_to_its_one_writer() -> None:
         ("Warning", "ConfigRefused", "new configuration refused, the previous one keeps serving: "
          "flags.migStrategy: 'sometimes' is not one of none, single, mixed line 3"),
         ("Normal", "ConfigApplied", "configuration from /etc/cfg applied: added nvidia.com/gpu"),
-        ("Warning", "GPUUnhealthy", "XID 79 (GPU fell off the bus): GPU-0, GPU-1, GPU-2, GPU-3 and 2 more "
-         "and the devices on them are Unhealthy; they stay so until the plugin reloads its config "
-         "(SIGHUP) or restarts"),
+        ("Warning", "GPUUnhealthy", "GPU-0: XID 79 (GPU has fallen off the bus); it needs a GPU reset"),
+        ("Normal", "GPUHealthy", "GPU-0 is healthy again"),
         ("Warning", "InvalidConfig", "config entry 'x' is invalid"),
         ("Normal", "ConfigApplied", "now serving entry 'y'"),
     ]
@@ -46,7 +47,7 @@ def test_every_event_of_a_process_goes_to_its_one_writer() -> None:
     recorder.close()
     assert writer.closed
     recorder.event("InvalidConfig", "after close: nowhere")  # the writer is gone; no error
-    assert len(writer.sent) == 5
+    assert len(writer.sent) == 6
 
 
 def test_only_the_end_of_an_mps_wait_is_news() -> None:

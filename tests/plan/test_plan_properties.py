@@ -148,7 +148,7 @@ def test_unhealthy_gpu_marks_exactly_the_devices_on_it(
     if p is None or not inv.gpus:
         return
     sick = data.draw(st.sampled_from(inv.gpus)).uuid
-    marked = p.with_unhealthy(frozenset({sick}))
+    marked = p.with_health(frozenset({sick}))
     for before, after in zip(p.resources, marked.resources, strict=True):
         for d0, d1 in zip(before.devices, after.devices, strict=True):
             assert d1.healthy is (sick not in d0.gpu_uuids)

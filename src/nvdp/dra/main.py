@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from nvdp.dra.sharing import NodeSharing
     from nvdp.dra.state import ClaimPreparer, NodeView
     from nvdp.endpoints import HttpEndpoints, Response
+    from nvdp.health.ledger import Change, Ledger
     from nvdp.mode import Handover, Mode, ModeGate
     from nvdp.nodechoice import NodeConfigRule
     from nvdp.nodeconfig import Chosen, NodeConfig
@@ -121,6 +122,7 @@ class DraProcess:
         self.mps: ClaimMps | None = None
         self.server: DraServer | None = None
         self.health: HealthMonitor | None = None
+        self.ledger: Ledger | None = None  # the GPUs that are down; outlives re-reads of the GPUs
         self.node_config: NodeConfig | None = None
         self.rule: NodeConfigRule | None = None
         self.endpoints: list[HttpEndpoints] = []
@@ -177,9 +179,10 @@ class DraProcess:
         except (StartupError, NvmlMissing) as err:
             raise ConfigRefused(str(err)) from None
         first = self.serving is None
+        ledger = self.open_ledger(serving.config)
         with self._lock:
             self.serving = serving
-            self.unhealthy = frozenset()  # a re-read of the GPUs starts them healthy, as a re-plan does
+            self.unhealthy = ledger.unhealthy  # GPUs that are down stay down across a re-read
         if self.mps is not None:  # daemons already running keep their settings until their last claim
             self.mps.inventory = serving.inventory
             self.mps.node_replicas = mps_replicas(serving.devices.values())
@@ -230,15 +233,19 @@ class DraProcess:
                           "" if writes == 1 else "s", len(devices),
                           sum(1 for d in devices if d.uuid in unhealthy or d.gpu_uuid in unhealthy))
 
-    def on_unhealthy(self, uuids: frozenset[str], reason: str) -> None:
+    def on_health(self, unhealthy: frozenset[str], changes: Sequence[Change]) -> None:
+        """The health monitor's consumer: devices of GPUs that are down leave the slices, and return."""
         with self._lock:
-            if uuids <= self.unhealthy:
+            if unhealthy == self.unhealthy:
                 return
-            self.unhealthy = self.unhealthy | uuids
-        self.log.warning("Unhealthy: %s (%s); leaving this node's pool until the plugin re-reads the GPUs",
-                         ", ".join(sorted(uuids)), reason)
-        self.recorder.devices_unhealthy(uuids, reason)
+            self.unhealthy = unhealthy
         self.publish()
+
+    def open_ledger(self, config: Config) -> Ledger:
+        from nvdp.health.settings import open_ledger
+
+        self.ledger = open_ledger(config, self.log, self.ledger)
+        return self.ledger
 
     def start_health(self) -> None:
         from nvdp.plugin.health import HealthMonitor
@@ -247,8 +254,11 @@ class DraProcess:
         assert self.serving is not None
         if self.health is not None:
             self.health.stop()
-        self.health = HealthMonitor(self.serving.inventory, policy_from_config(self.serving.config),
-                                    self.on_unhealthy, self.log, recorder=self.recorder)
+        config = self.serving.config
+        self.health = HealthMonitor(self.serving.inventory, policy_from_config(config),
+                                    self.open_ledger(config), self.on_health, self.log,
+                                    recorder=self.recorder, state_dir=config.flags.plugin.health_state_dir,
+                                    writer="nvidia-dra-plugin")
         self.health.start()
 
     def start_serving(self) -> None:

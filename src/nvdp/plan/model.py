@@ -69,10 +69,10 @@ class Plan(Struct, frozen=True):
     def resource(self, name: str) -> PlannedResource | None:
         return next((r for r in self.resources if r.name == name), None)
 
-    def with_unhealthy(self, uuids: frozenset[str]) -> Plan:
-        """Mark unhealthy every device backed by one of `uuids` (a GPU or a MIG device).
+    def with_health(self, unhealthy: frozenset[str]) -> Plan:
+        """The plan with exactly the devices backed by one of `unhealthy` (GPU or MIG UUIDs) Unhealthy.
 
-        A GPU's UUID marks all its replicas and MIG devices; a MIG UUID marks that MIG device.
+        A GPU's UUID covers all its replicas and MIG devices; a MIG UUID covers that MIG device.
         """
         # One pass, and new objects only for what changes: this runs on the health path, between the
         # XID and the kubelet. Unchanged resources (and the plan, when nothing changes) stay the same
@@ -80,12 +80,12 @@ class Plan(Struct, frozen=True):
         resources = list(self.resources)
         changed = False
         for n, resource in enumerate(resources):
-            hit = [i for i, d in enumerate(resource.devices)
-                   if d.healthy and (d.base_id in uuids or not uuids.isdisjoint(d.gpu_uuids))]
-            if hit:
+            flip = [i for i, d in enumerate(resource.devices)
+                    if d.healthy == (d.base_id in unhealthy or not unhealthy.isdisjoint(d.gpu_uuids))]
+            if flip:
                 devices = list(resource.devices)
-                for i in hit:
-                    devices[i] = replace(devices[i], healthy=False)
+                for i in flip:
+                    devices[i] = replace(devices[i], healthy=not devices[i].healthy)
                 resources[n] = replace(resource, devices=tuple(devices))
                 changed = True
         return replace(self, resources=tuple(resources)) if changed else self

@@ -1,9 +1,10 @@
-"""GPU health: a thread that waits for NVML events and turns critical XIDs into unhealthy device UUIDs.
+"""GPU health: a thread that waits for NVML events, takes GPUs down on critical XIDs and brings them back.
 
-Which XIDs count is `xid_policy`'s; decoding NVML's event structure is `nvml_event`'s. Devices marked
-unhealthy stay unhealthy until the plugin re-plans (SIGHUP) or restarts, as in NVIDIA's plugin: NVML
-does not report that a GPU recovered, and a GPU that raised a critical XID usually needs a reset that
-restarts the plugin anyway.
+Which XIDs count is `xid_policy`'s; decoding NVML's event structure is `nvml_event`'s; when a GPU that
+is down may serve again is `nvdp.health.ledger`'s. Between events (every `wait_ms`) the thread
+re-checks the GPUs that are down through NVML (`nvdp.health.checks`), takes the hand-made clear
+requests, and hands every change to its consumer (the plugin manager, the DRA plugin), the Recorder
+(Events, metrics) and the record on disk (`nvdp.health.state`).
 """
 
 from __future__ import annotations
@@ -11,9 +12,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from msgspec.structs import replace
+
+from nvdp.health.checks import check_gpu
+from nvdp.health.ledger import Cause, Change, Check, Ledger
+from nvdp.health.state import take_clear_requests, write_state
+from nvdp.health.xids import Remedy, describe, xid_info
 from nvdp.inventory.model import Gpu, Inventory
 from nvdp.plugin.guard import guarded_loop, guarded_thread
 from nvdp.plugin.nvml_event import (
@@ -27,10 +34,11 @@ from nvdp.plugin.nvml_event import (
 from nvdp.plugin.xid_policy import XidPolicy
 from nvdp.recording import Recorder
 
-XID_FALLEN_OFF_BUS = 79
 WANTED_EVENTS = EVENT_XID_CRITICAL | EVENT_DOUBLE_BIT_ECC | EVENT_SINGLE_BIT_ECC
 
-OnUnhealthy = Callable[[frozenset[str], str], None]
+# The consumer gets every UUID that is down now, and what changed.
+OnHealth = Callable[[frozenset[str], Sequence[Change]], None]
+RECHECK_EVERY_S = 1.0
 
 
 def event_targets(inventory: Inventory, gpu_uuid: str, gi_id: int, ci_id: int) -> frozenset[str]:
@@ -51,39 +59,48 @@ def event_targets(inventory: Inventory, gpu_uuid: str, gi_id: int, ci_id: int) -
 
 
 class HealthMonitor:
-    """Waits for NVML XID/ECC events on every GPU and reports the affected UUIDs.
+    """Waits for NVML XID/ECC events on every GPU, re-checks the GPUs that are down, reports changes.
 
     `nvml` is the pynvml module (a stand-in object in tests). NVML must be initialised by the
-    caller's process; the monitor takes its own nvmlInit/nvmlShutdown reference. `recorder` counts
-    the XIDs and tells of the devices turned Unhealthy.
+    caller's process; the monitor takes its own nvmlInit/nvmlShutdown reference. `ledger` outlives
+    the monitor: a re-plan starts a new monitor on the same one, so a reload forgets no fault.
+    `state_dir` (empty: none) is where the record is written and clear requests are taken.
     """
 
     def __init__(
         self,
         inventory: Inventory,
         policy: XidPolicy,
-        on_unhealthy: OnUnhealthy,
+        ledger: Ledger,
+        on_health: OnHealth,
         log: logging.Logger,
         *,
         recorder: Recorder,
         nvml: Any = None,
         wait_ms: int = 1000,
+        state_dir: str = "",
+        writer: str = "nvidia-device-plugin",
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._inventory = inventory
         self._policy = policy
-        self._on_unhealthy = on_unhealthy
+        self.ledger = ledger
+        self._on_health = on_health
         self._log = log
         self._recorder = recorder
         self._nvml = nvml
         self._wait_ms = wait_ms
+        self._state_dir = state_dir
+        self._writer = writer
+        self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._event_set: Any = None
         self._handles: dict[int, str] = {}  # handle address -> GPU UUID
-        self._reported: set[str] = set()
         self._initialised = False
         self._close_lock = threading.Lock()
         self._beat = time.monotonic()  # the loop's last wake-up, for the liveness probe
+        self._last_recheck = 0.0
 
     def start(self) -> bool:
         """Register for events and start the thread; False when health checks are off or impossible."""
@@ -94,7 +111,11 @@ class HealthMonitor:
             return False
         if not self._inventory.gpus:
             return False
-        self._log.info("Health checks: %s", self._policy.describe())
+        after = self.ledger.settings.after
+        self._log.info("Health checks: %s; %s", self._policy.describe(),
+                       "recovery off (Unhealthy until restart)" if after is None
+                       else f"GPUs come back after {after:g}s without a critical XID, once NVML reports "
+                       "them fine")
         try:
             if self._nvml is None:
                 import pynvml
@@ -105,6 +126,7 @@ class HealthMonitor:
             self._log.error("Failed to start health checks: %s; continuing with health checks disabled", err)
             self._close()
             return False
+        self._write_state()
         self._thread = guarded_thread(self._run, "health", self._log, "The health check thread")
         self._thread.start()
         return True
@@ -137,14 +159,14 @@ class HealthMonitor:
         nvml.nvmlInit()
         self._initialised = True
         self._event_set = nvml.nvmlEventSetCreate()
-        failed: set[str] = set()
+        failed: dict[str, frozenset[str]] = {}
         for gpu in self._inventory.gpus:
             reason = self._register_gpu(gpu)
             if reason:
-                failed.add(gpu.uuid)
+                failed[gpu.uuid] = frozenset({gpu.uuid})
                 self._log.warning("GPU %d (%s): %s; marking it unhealthy", gpu.index, gpu.uuid, reason)
         if failed:
-            self._report(frozenset(failed), "health check registration failed")
+            self._report(failed, Cause("health check registration failed", Remedy.RESET))
 
     def _register_gpu(self, gpu: Gpu) -> str:
         """Register one GPU's events; returns why that failed, or "" on success / too old."""
@@ -174,19 +196,22 @@ class HealthMonitor:
         except nvml.NVMLError as err:
             if _code(err) != nvml.NVML_ERROR_TIMEOUT:
                 self._wait_failed(err)
+            self._recheck()
             return
         except Exception as err:  # whatever the binding raises counts as a failed wait
             self._wait_failed(err)
             return
         self._handle_event(data)
+        self._recheck()
 
     def _wait_failed(self, err: Exception) -> None:
         lost = self._lost_gpus()
         if lost:
-            self._report(lost, f"GPU is lost ({err})")
+            cause = Cause(f"GPU is lost ({err})", Remedy.RESET)
+            self._report({uuid: frozenset({uuid}) for uuid in lost}, cause)
         else:
-            all_gpus = frozenset(g.uuid for g in self._inventory.gpus)
-            self._report(all_gpus, f"error waiting for NVML events ({err})")
+            every = {g.uuid: frozenset({g.uuid}) for g in self._inventory.gpus}
+            self._report(every, Cause(f"error waiting for NVML events ({err})", Remedy.WAIT))
         # A failing wait returns at once; without a pause the thread would spin.
         self._stop.wait(self._wait_ms / 1000)
 
@@ -215,9 +240,11 @@ class HealthMonitor:
         # Counted before the devices are marked: whoever sees a device Unhealthy (the kubelet, a
         # metrics scrape) finds its XID already counted.
         self._recorder.xid(gpu_uuid or "unknown", xid, "critical")
+        cause = Cause(describe(xid), xid_info(xid).remedy, xid)
         if gpu_uuid is None:
-            targets = frozenset(g.uuid for g in self._inventory.gpus)
-            self._report(targets, f"XID {xid} on a GPU that could not be identified")
+            every = {g.uuid: frozenset({g.uuid}) for g in self._inventory.gpus}
+            unknown = f"{cause.reason} on a GPU that could not be identified"
+            self._report(every, replace(cause, reason=unknown))
             return
         targets = event_targets(self._inventory, gpu_uuid, gi_id, ci_id)
         if not targets:
@@ -226,8 +253,7 @@ class HealthMonitor:
                 xid, gpu_uuid, gi_id, ci_id,
             )
             return
-        reason = "GPU has fallen off the bus" if xid == XID_FALLEN_OFF_BUS else "critical error"
-        self._report(targets, f"XID {xid} ({reason})")
+        self._report({gpu_uuid: targets}, cause)
 
     def _event_gpu(self, address: int, data: Any) -> str | None:
         known = self._handles.get(address)
@@ -239,16 +265,81 @@ class HealthMonitor:
             return None
         return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
 
-    def _report(self, uuids: frozenset[str], reason: str) -> None:
-        fresh = uuids - self._reported
-        if not fresh:
+    # --- the ledger's side ---------------------------------------------------------------------
+
+    def _report(self, targets: Mapping[str, frozenset[str]], cause: Cause) -> None:
+        now = self._clock()
+        changes: list[Change] = []
+        fresh: list[str] = []
+        for gpu, devices in targets.items():
+            if gpu in self.ledger.faults():
+                self._log.info("%s on %s, which is already down: its quiet period starts again",
+                               cause.reason, gpu)
+            else:
+                fresh.append(gpu)
+            changes += self.ledger.fault(gpu, devices, cause, now)
+        self._publish(changes)  # the consumers first: the kubelet hears of the XID at once
+        baselines: list[Change] = []
+        for gpu in fresh:  # then what a reset will have to change, read as it went down
+            check = self._check(gpu)
+            if check is not None:
+                baselines += self.ledger.baseline(gpu, check)
+        self._publish(baselines, write=bool(fresh))
+
+    def _recheck(self) -> None:
+        """Take clear requests and re-check what is due, at most once per RECHECK_EVERY_S."""
+        now = self._clock()
+        if abs(now - self._last_recheck) < RECHECK_EVERY_S:
             return
-        self._reported |= fresh
+        self._last_recheck = now
+        changes: list[Change] = []
+        if self._state_dir:
+            try:
+                asked = take_clear_requests(self._state_dir)
+            except OSError as err:
+                self._log.warning("Cannot read health clear requests in %s: %s", self._state_dir, err)
+            else:
+                if asked is None or asked:
+                    changes += self.ledger.clear(asked, now)
+        for gpu in self.ledger.due(now):
+            check = self._check(gpu) or Check(answers=False, error="the NVML re-check failed")
+            changes += self.ledger.checked(gpu, check, now)
+        self._publish(changes)
+
+    def _check(self, gpu: str) -> Check | None:
         try:
-            self._on_unhealthy(fresh, reason)
+            return check_gpu(self._nvml, gpu)
+        except Exception as err:  # a re-check that cannot run must not end health checking
+            self._log.warning("Cannot re-check GPU %s through NVML: %s", gpu, err)
+            return None
+
+    def _publish(self, changes: Sequence[Change], write: bool = False) -> None:
+        """Tell the consumer, the log, the Recorder and the record on disk (also with no change when
+        `write`: the ledger learnt something the record keeps)."""
+        if not changes:
+            if write:
+                self._write_state()
+            return
+        try:
+            self._on_health(self.ledger.unhealthy, changes)
         except Exception:  # a failing consumer must not end health checking
-            self._log.exception("Could not apply health event for %s", sorted(fresh))
-        self._recorder.devices_unhealthy(fresh, reason)
+            self._log.exception("Could not apply health changes for %s", sorted(c.gpu for c in changes))
+        for change in changes:
+            log = self._log.info if change.kind in ("recovered", "cleared") else self._log.warning
+            log("%s", change.message)
+            self._recorder.health_changed(change.kind, change.gpu, change.message)
+        self._write_state()
+
+    def _write_state(self) -> None:
+        faults = self.ledger.faults()
+        self._recorder.health_states({gpu: self.ledger.state(f) for gpu, f in faults.items()})
+        if not self._state_dir:
+            return
+        try:
+            write_state(self._state_dir, self._writer, self.ledger.record(), self._clock())
+        except OSError as err:
+            self._log.warning("Cannot write the health record in %s: %s; a restart will not remember "
+                              "the GPUs that are down", self._state_dir, err)
 
     def _close(self) -> None:
         # Called from the thread's exit and from stop(); NVML's init count must drop only once.

@@ -6,7 +6,8 @@ cannot be made or written), with the cause and the fix in the log; 2 for command
 
 SIGHUP, and with --config-dir a change of this node's entry (nvdp.nodechoice), reloads the config,
 re-reads the GPUs and re-plans: unchanged resources keep their servers, an invalid config is reported
-and the previous one stays. A re-plan also clears devices marked Unhealthy, as in NVIDIA's plugin.
+and the previous one stays. GPUs that are down stay down across a re-plan, and across a restart when
+the config names a healthStateDir (nvdp.health); each comes back by the health rules.
 
 In DRA mode (nvdp.mode: the entry's flags.mode, else NVDP_DEFAULT_MODE) the plugin serves nothing: its
 servers stop, so the kubelet marks the resources unhealthy. Entering device-plugin mode beside a DRA
@@ -35,6 +36,7 @@ from nvdp.runloop import EXIT_FAILED, Inbox, Wake, Wakes, run
 if TYPE_CHECKING:
     from nvdp.config.model import Config
     from nvdp.endpoints import HttpEndpoints
+    from nvdp.health.ledger import Change, Ledger
     from nvdp.mode import Handover, ModeGate, NodeApi
     from nvdp.nodechoice import NodeConfigRule
     from nvdp.nodeconfig import Chosen, NodeConfig
@@ -73,6 +75,7 @@ class PluginProcess:
         self.manager: PluginManager | None = None
         self.watcher: KubeletSocketWatcher | None = None
         self.health: HealthMonitor | None = None
+        self.ledger: Ledger | None = None  # the GPUs that are down; outlives re-plans
         # Why the plugin does not serve yet, for /readyz; None once it serves (or knowingly serves nothing).
         self.not_serving_reason: str | None = "starting"
         self.endpoints: list[HttpEndpoints] = []
@@ -223,6 +226,8 @@ class PluginProcess:
         log_plan(self.log, prepared.plan)
         self.specs.stage(prepared.cdi)  # before any resource registers; raises StartupError
         self.manager = PluginManager(prepared.config, prepared.inventory, self.log, recorder=self.recorder)
+        if prepared.idle is None:  # GPUs down before a restart are down from the first list on
+            self.manager.set_health(self.open_ledger(prepared.config).unhealthy, "as before the restart")
         self.watch_kubelet(prepared.config)
         self.manager.apply(prepared.plan, cdi_classes=classes(prepared.cdi))
         # Health checking starts once the resources have registered (or tried to), as in NVIDIA's
@@ -254,16 +259,29 @@ class PluginProcess:
         self.watcher = KubeletSocketWatcher(path, kubelet_restarted, self.log)
         self.watcher.start()
 
+    def open_ledger(self, config: Config) -> Ledger:
+        from nvdp.health.settings import open_ledger
+
+        self.ledger = open_ledger(config, self.log, self.ledger)
+        return self.ledger
+
     def start_health(self, prepared: Prepared) -> None:
         from nvdp.plugin.health import HealthMonitor
         from nvdp.plugin.xid_policy import policy_from_config
 
-        assert self.manager is not None
+        manager = self.manager
+        assert manager is not None
         if self.health is not None:
             self.health.stop()
             self.health = None
-        self.health = HealthMonitor(prepared.inventory, policy_from_config(prepared.config),
-                                    self.manager.mark_unhealthy, self.log, recorder=self.recorder)
+
+        def on_health(unhealthy: frozenset[str], changes: Sequence[Change]) -> None:
+            manager.set_health(unhealthy, "; ".join(sorted({c.reason for c in changes})))
+
+        config = prepared.config
+        self.health = HealthMonitor(prepared.inventory, policy_from_config(config), self.open_ledger(config),
+                                    on_health, self.log, recorder=self.recorder,
+                                    state_dir=config.flags.plugin.health_state_dir)
         self.health.start()
 
     def record_active(self) -> None:

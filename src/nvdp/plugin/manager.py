@@ -6,7 +6,8 @@ It owns the current plan and reconciles the running resources with it:
   gains or loses its MPS gate, or whose serving settings changed, is stopped and made anew, server
   and gate together; any other change (plain <-> time-slicing, replicas, devices, health) goes
   through the open ListAndWatch stream, with no new socket and no new registration;
-- health events mark devices Unhealthy through `Plan.with_unhealthy` and push the new lists;
+- health changes set which devices are Unhealthy (`Plan.with_health`) and push the new lists; a
+  re-plan keeps them, so a reload brings back no GPU that is down;
 - a kubelet restart (kubelet.sock created again) makes every resource register again.
 Each resource starts and registers on its own thread (see resource.py), so neither a slow kubelet
 nor a missing MPS daemon holds up the caller, a signal, or the other resources.
@@ -135,6 +136,7 @@ class PluginManager:
         self._socket_check_s = socket_check_s
         self._lock = threading.RLock()
         self._plan = Plan()
+        self._unhealthy: frozenset[str] = frozenset()  # GPU and MIG UUIDs that are down
         self._resources: dict[str, RunningResource] = {}
         self._cdi_classes = cdi_classes  # the CDI specs written: the classes Allocate may name
 
@@ -216,6 +218,7 @@ class PluginManager:
             settings_changed = serving_settings(new_config) != serving_settings(self._config) or (
                 new_inventory != self._inventory
             )
+            plan = plan.with_health(self._unhealthy)
             diff = diff_plans(self._plan, plan, settings_changed)
             self._config, self._inventory, self._plan = new_config, new_inventory, plan
             retired = [self._resources.pop(name) for name in diff.removed + diff.restarted]
@@ -234,15 +237,16 @@ class PluginManager:
             running.start()
         return diff
 
-    def mark_unhealthy(self, uuids: frozenset[str], reason: str) -> None:
-        """Health event: every device backed by one of `uuids` turns Unhealthy, for good (until re-plan)."""
+    def set_health(self, unhealthy: frozenset[str], why: str) -> None:
+        """Health changed: exactly the devices backed by one of `unhealthy` are Unhealthy from now on."""
         changed: list[tuple[RunningResource | None, PlannedResource, PlannedResource]] = []
         with self._lock:
             before = self._plan
-            self._plan = before.with_unhealthy(uuids)
+            self._unhealthy = unhealthy
+            self._plan = before.with_health(unhealthy)
             for new in self._plan.resources:
                 old = before.resource(new.name)
-                if old is None or old is new:  # with_unhealthy keeps an untouched resource as it was
+                if old is None or old is new:  # with_health keeps an untouched resource as it was
                     continue
                 running = self._resources.get(new.name)
                 if running is not None:
@@ -253,11 +257,15 @@ class PluginManager:
         for running, old, new in changed:
             if running is not None:
                 running.wait_delivered(_LOG_AFTER_DELIVERY_S)
-            was_healthy = {d.id for d in old.devices if d.healthy}
-            newly = [d.id for d in new.devices if not d.healthy and d.id in was_healthy]
-            self._log.warning(
-                "%s: %d device(s) marked unhealthy (%s): %s", new.name, len(newly), reason, short_list(newly)
-            )
+            was = {d.id: d.healthy for d in old.devices}
+            down = [d.id for d in new.devices if not d.healthy and was.get(d.id, True)]
+            back = [d.id for d in new.devices if d.healthy and not was.get(d.id, True)]
+            if down:
+                self._log.warning("%s: %d device(s) marked unhealthy (%s): %s", new.name, len(down), why,
+                                  short_list(down))
+            if back:
+                self._log.info("%s: %d device(s) healthy again (%s): %s", new.name, len(back), why,
+                               short_list(back))
 
     def kubelet_restarted(self) -> None:
         """kubelet.sock was created again: the kubelet forgot us and may have removed our sockets."""
