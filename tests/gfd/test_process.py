@@ -294,3 +294,44 @@ def test_no_driver_without_fail_on_init_error_keeps_retrying(tmp_path: Path) -> 
     assert err.count("NVML is not available") >= 2  # retried every interval
     assert "failOnInitError is false" in err
     assert not (tmp_path / "gfd").exists()  # nothing labelled from a node it could not read
+
+
+def test_health_labels_follow_the_plugins_record_between_nvml_reads(tmp_path: Path) -> None:
+    from nvdp.health.ledger import Cause, Ledger, Settings
+    from nvdp.health.state import write_state
+    from nvdp.health.xids import Remedy
+
+    t4 = load_profile(PROFILES / "t4.yaml")
+    uuid = t4.gpus[0].uuid
+    health = tmp_path / "health"
+    opts = parse_options(["--sleep-interval", "60s"], {"HEALTH_STATE_DIR": str(health)})
+    reads: list[int] = []
+
+    def discover(_config: object) -> Inventory:
+        reads.append(1)
+        return t4
+
+    output = FileOutput(str(tmp_path / "gfd"))
+    clock = _Clock()
+    d = Discovery(opts, load(opts, {"HEALTH_STATE_DIR": str(health)}), output, discover=discover, clock=clock,
+                  wall_clock=clock)
+    assert d.step() is None
+    assert d.timeout() == 2  # the record is looked at every 2 s between NVML reads
+    assert N + "gpu.unhealthy" not in read_features_file(output.path)
+    ledger = Ledger(Settings(after=60))
+    ledger.fault(uuid, {uuid}, Cause("XID 95 (uncontained ECC error)", Remedy.RESET, 95), clock.t)
+    write_state(str(health), "nvidia-device-plugin", ledger.record(), clock.t)
+    clock.t += 2
+    assert d.step(Wakes()) is None
+    labels = read_features_file(output.path)
+    assert (labels[N + "gpu.unhealthy"], labels[N + "gpu.needs-service"]) == ("1", "1")
+    clock.t += 2
+    passes = d.passes
+    assert d.step(Wakes()) is None and d.passes == passes  # nothing new: no pass at all
+    ledger.clear(None, clock.t)
+    write_state(str(health), "nvidia-device-plugin", ledger.record(), clock.t)
+    clock.t += 2
+    assert d.step(Wakes()) is None
+    labels = read_features_file(output.path)
+    assert N + "gpu.unhealthy" not in labels and N + "gpu.needs-service" not in labels
+    assert len(reads) == 1  # all of it from the one NVML read

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from nvdp.gfd.labels import UNKNOWN, HostFacts, VgpuHost, gpu_mode_from_pci_class
+from nvdp.health.state import StateError, Summary, read_state, summary
 from nvdp.inventory.model import Inventory
 
 log = logging.getLogger(__name__)
@@ -130,8 +131,22 @@ def vgpu_host(sysfs_root: str = "/sys") -> VgpuHost | None:
     return VgpuHost(present, *driver)
 
 
-def read_host_facts(inventory: Inventory, machine_type_file: str, sysfs_root: str = "/sys") -> HostFacts:
-    return HostFacts(machine_type(machine_type_file), gpu_mode(inventory, sysfs_root), vgpu_host(sysfs_root))
+def read_host_facts(inventory: Inventory, machine_type_file: str, sysfs_root: str = "/sys",
+                    health_state_dir: str = "") -> HostFacts:
+    return HostFacts(machine_type(machine_type_file), gpu_mode(inventory, sysfs_root), vgpu_host(sysfs_root),
+                     health_summary(health_state_dir))
+
+
+def health_summary(directory: str) -> Summary | None:
+    """The plugin's health record in `directory` counted up; None without a directory or record."""
+    if not directory:
+        return None
+    try:
+        record = read_state(directory)
+    except StateError as err:
+        log.warning("no health labels: %s", err)
+        return None
+    return None if record is None else summary(record)
 
 
 def nvidia_gpus_present(sysfs_root: str = "/sys") -> list[str]:

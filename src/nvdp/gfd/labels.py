@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from msgspec import Struct
 
 from nvdp.config.model import MigStrategy
+from nvdp.health.state import Summary
 from nvdp.inventory.model import Gpu, Inventory, MigDevice
 from nvdp.plan.model import Plan, PlannedResource
 
@@ -22,6 +23,8 @@ PREFIX = "nvidia.com/"
 TIMESTAMP = PREFIX + "gfd.timestamp"
 MPS_CAPABLE = PREFIX + "mps.capable"
 GPU_PRESENT = PREFIX + "gpu.present"  # the presence check's label, not part of the NVML label set
+UNHEALTHY = PREFIX + "gpu.unhealthy"  # ours, from the plugin's health record
+NEEDS_SERVICE = PREFIX + "gpu.needs-service"
 UNKNOWN = "unknown"
 MAX_LABEL_VALUE = 63
 
@@ -46,11 +49,12 @@ class VgpuHost(Struct, frozen=True):
 
 
 class HostFacts(Struct, frozen=True):
-    """What the labels need from outside NVML: read from sysfs at the edge."""
+    """What the labels need from outside NVML: read from sysfs and the health record at the edge."""
 
     machine: str = UNKNOWN  # DMI product name
     gpu_mode: str = UNKNOWN  # "compute" (PCI 3D controller), "graphics" (VGA) or "unknown"
     vgpu: VgpuHost | None = None  # None: the PCI configuration could not be read (no vGPU labels)
+    health: Summary | None = None  # None: no health record to read (no health labels)
 
 
 UNKNOWN_HOST = HostFacts()
@@ -288,7 +292,17 @@ def gfd_labels(
     labels[PREFIX + "gpu.mode"] = host.gpu_mode
     labels.update(clique_labels(inventory))
     labels.update(vgpu_labels(host.vgpu))
+    labels.update(health_labels(host.health))
     return labels
+
+
+def health_labels(health: Summary | None) -> dict[str, str]:
+    """Ours: `gpu.unhealthy` = GPUs the plugin holds down, `gpu.needs-service` = those of them that
+    will not come back by themselves (a reset, a flapping GPU, recovery off); each absent at 0."""
+    if health is None:
+        return {}
+    counts = ((UNHEALTHY, health.unhealthy), (NEEDS_SERVICE, health.needs_service))
+    return {key: str(count) for key, count in counts if count}
 
 
 def clique_labels(inventory: Inventory) -> dict[str, str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -29,6 +30,7 @@ from nvdp.gfd.labeller import labelling_pass
 from nvdp.gfd.labels import HostFacts, LabelError
 from nvdp.gfd.options import GFD_ENV_VARS, ProcessOptions, parse_duration, parse_options
 from nvdp.gfd.publish import FileOutput, NodeFeatureOutput, NodeOutput, Output
+from nvdp.health.state import FILE as HEALTH_FILE
 from nvdp.inventory.model import Inventory
 from nvdp.mode import ModeGate, NodeApi, driver_name, follower_mode
 from nvdp.nodeconfig import Chosen, NodeConfig
@@ -39,6 +41,9 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 FIRST_READ_TIMEOUT_S = 60.0
 MIN_INTERVAL_S = 1.0
 RETRY_S = (1.0, 60.0)  # back-off of failed publishes: first, most
+# How often the plugin's health record is looked at (one stat) between passes, so that the health
+# labels follow a GPU going down or coming back within seconds, not at the next sleepInterval.
+HEALTH_POLL_S = 2.0
 
 log = logging.getLogger("nvdp.gfd")
 
@@ -86,6 +91,7 @@ class Discovery:
         self._delay: float = 0.0
         self.inventory: Inventory | None = None
         self.passes = 0
+        self._health_stamp: tuple[int, int] | None = None  # the record's (mtime, size) at the last pass
 
     @property
     def interval_s(self) -> float:
@@ -97,7 +103,22 @@ class Discovery:
         self._next_read = 0.0
 
     def host_facts(self, inventory: Inventory) -> HostFacts:
-        return read_host_facts(inventory, self.config.flags.gfd.machine_type_file, self.opts.sysfs_root)
+        return read_host_facts(inventory, self.config.flags.gfd.machine_type_file, self.opts.sysfs_root,
+                               self.config.flags.plugin.health_state_dir)
+
+    def health_unchanged(self) -> bool:
+        """Whether the health record is as at the last pass (always true without one configured)."""
+        directory = self.config.flags.plugin.health_state_dir
+        if not directory:
+            return True
+        try:
+            info = os.stat(os.path.join(directory, HEALTH_FILE))
+            stamp: tuple[int, int] | None = (info.st_mtime_ns, info.st_size)
+        except OSError:
+            stamp = None
+        unchanged = stamp == self._health_stamp
+        self._health_stamp = stamp
+        return unchanged
 
     def read_gpus(self) -> Inventory | None:
         from nvdp.inventory.nvml import NvmlUnavailable
@@ -131,11 +152,21 @@ class Discovery:
     def timeout(self) -> float:
         return self._delay
 
+    def _poll_delay(self) -> float:
+        until_read = self._next_read - self._clock()
+        return min(until_read, HEALTH_POLL_S) if self.config.flags.plugin.health_state_dir else until_read
+
     def step(self, wakes: Wakes | None = None) -> int | None:
         """One pass: read NVML when due, label, and say when to come back; an exit code ends the loop."""
         oneshot = self.config.flags.gfd.oneshot
         now = self._clock()
-        if now >= self._next_read:
+        due = now >= self._next_read
+        health_unchanged = self.health_unchanged()
+        settled = self.passes > 0 and self._retry == RETRY_S[0]  # labelled, and no failed publish to retry
+        if wakes is not None and wakes.timed_out and not due and health_unchanged and settled:
+            self._delay = self._poll_delay()
+            return None  # a health poll that found nothing new
+        if due:
             self.inventory = self.read_gpus()
             self._next_read = now + self.interval_s
         if self._first_labels is not None and not self._first_labels.is_set():
@@ -148,7 +179,7 @@ class Discovery:
                     return EXIT_FAILED
             self._delay = 1.0
             return None
-        self._delay = self._next_read - self._clock()
+        self._delay = self._poll_delay()
         if self.inventory is not None:
             try:
                 self.label_once(self.inventory)

@@ -1,8 +1,9 @@
 """Which Node label changes bring a Node to the wanted GPU feature discovery labels (pure).
 
-The labeller owns exactly the keys NVIDIA's GPU feature discovery can write (`owns`), so it removes
-those it no longer produces and never touches any other label, `nvidia.com/*` or not (the config
-selector `nvidia.com/device-plugin.config`, `nvidia.com/gpu.present`, the GPU operator's keys, ...).
+The labeller owns exactly the keys NVIDIA's GPU feature discovery can write and its own health labels
+(`owns`), so it removes those it no longer produces and never touches any other label, `nvidia.com/*`
+or not (the config selector `nvidia.com/device-plugin.config`, `nvidia.com/gpu.present`, the GPU
+operator's keys, ...).
 It compares with what the Node carries and asks for no write when nothing but the timestamp would
 change: `gfd.timestamp` says when the label set last changed, not when it was last checked.
 """
@@ -24,6 +25,7 @@ _OWNED = re.compile(
     r"|cuda\.(driver|runtime|driver-version|runtime-version)\.(major|minor|rev|revision|full)"
     r"|gpu\.(machine|mode|family|compute\.major|compute\.minor)"
     r"|mig\.capable|mig\.strategy|mps\.capable|gpu\.clique"
+    r"|gpu\.(unhealthy|needs-service)"  # ours: the plugin's health record
     r"|vgpu\.(present|host-driver-version|host-driver-branch)"
     rf"|gpu\.({_RESOURCE_SUFFIXES})"
     # MIG profiles as label keys: "+" became "." ("1g.10gb.me", "1g.24gb.me.all"); Blackwell's "-me"
