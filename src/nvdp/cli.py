@@ -1,5 +1,5 @@
 """`nvdp`: tools around the plugin (check a config, preview a node's resources, diagnose a node, print
-its CDI specs or the ResourceSlices it would publish in DRA mode)."""
+its CDI specs or the ResourceSlices it would publish in DRA mode, show or clear the GPUs held down)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nvdp.config import cli as config_cli
     from nvdp.doctor import cli as doctor_cli
     from nvdp.dra import cli as dra_cli
+    from nvdp.health import cli as health_cli
     from nvdp.plan import cli as plan_cli
 
     parser = argparse.ArgumentParser(prog="nvdp", description=__doc__)
@@ -26,6 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doctor_cli.register(sub)
     cdi_cli.register(sub)
     dra_cli.add_parser(sub)
+    health_cli.register(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
