@@ -38,6 +38,12 @@ GPU = "nvidia.com/gpu"
 # NVML_SIM_STATE_DIR=/mps/nvml-sim; both DaemonSets mount mps.root at /mps).
 MPS_ROOT = "/run/nvidia/mps"
 SIM_STATE_DIR = f"{MPS_ROOT}/nvml-sim"
+# The chart's devicePlugin.healthRecovery.stateDir: the health record outlives a release on purpose
+# (a reinstall does not bring back a GPU waiting for a reset), so each scenario starts without one.
+HEALTH_DIR = "/run/nvidia/nvdp"
+# The stand-in NVML's per-GPU health conditions (sim/nvml/README.md).
+SIM_HEALTH_FILES = ("lost", "unanswering", "retired-pending", "remap-pending", "remap-failed", "ecc-volatile",
+                    "ecc-aggregate", "recovery-action")
 T = TypeVar("T")
 
 
@@ -249,6 +255,20 @@ class Cluster:
         """An XID event on the stand-in NVML of the node, as the driver would report it."""
         self.host(f"mkdir -p {SIM_STATE_DIR} && echo '{uuid} {xid}' >> {SIM_STATE_DIR}/events")
 
+    def sim_gpu_state(self, kind: str, uuid: str, value: str | None) -> None:
+        """Set (a value) or remove (None) one of the stand-in NVML's per-GPU conditions, as the
+        sim.nvml helpers do (e.g. "ecc-volatile" with "1"; removing "lost" finds the GPU again)."""
+        path = f"{SIM_STATE_DIR}/{kind}/{uuid}"
+        if value is None:
+            self.host(f"rm -f {path}")
+        else:
+            self.host(f"mkdir -p {SIM_STATE_DIR}/{kind} && echo {value} > {path}.tmp && mv {path}.tmp {path}")
+
+    def forget_health(self) -> None:
+        """No health record and no stand-in GPU faults left from an earlier scenario."""
+        faults = " ".join(f"{SIM_STATE_DIR}/{kind}" for kind in SIM_HEALTH_FILES)
+        self.host(f"rm -rf {HEALTH_DIR} {faults}")
+
 
 class KitCluster(Cluster):
     """The k8s kit's full node on this machine (root; the kit at `<repo>/../shared/k8s`)."""
@@ -421,6 +441,7 @@ class Release:
         ]
 
     def install(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        self.cluster.forget_health()
         return self.cluster.helm("install", self.name, str(CHART), "--create-namespace", *self._values(args),
                                  "--wait", "--timeout", "180s", check=check)  # fmt: skip
 
@@ -430,6 +451,7 @@ class Release:
 
     def uninstall(self) -> None:
         self.cluster.helm("uninstall", self.name, "-n", self.namespace, "--wait", check=False)
+        self.cluster.forget_health()
 
     def pods(self, component: str = "") -> list[dict[str, Any]]:
         selector = self.selector + (f",app.kubernetes.io/component={component}" if component else "")

@@ -105,9 +105,9 @@ def test_doctor_in_the_plugin_pod(cluster: Cluster, release: Release) -> None:
     assert done.returncode == 1
 
 
-def test_sighup_clears_the_xid_and_uninstall_removes_the_service(cluster: Cluster, release: Release) -> None:
+def test_clearing_the_gpu_and_uninstall_removes_the_service(cluster: Cluster, release: Release) -> None:
     (pod,) = release.pods("device-plugin")
-    cluster.exec(release.namespace, pod["metadata"]["name"], "bash", "-c", "kill -HUP 1")
+    cluster.exec(release.namespace, pod["metadata"]["name"], "nvdp", "health", "clear", "--all")
     cluster.wait_allocatable(1, namespace=release.namespace)
     release.uninstall()
     cluster.wait_for("the release's pods to go", lambda: not release.pods(), 60)
