@@ -106,7 +106,8 @@ def test_more_downs_than_the_flap_limit_within_an_hour_hold_the_gpu() -> None:
         assert ledger.checked("GPU-0", FINE, T0 + n * 100 + 5)[0].kind == "recovered"
     [held] = ledger.fault("GPU-0", {"GPU-0"}, XID94, T0 + 300)
     assert held.kind == "held"
-    assert "went Unhealthy 3 times within the last hour (more than the limit of 2)" in held.message
+    assert ("went Unhealthy 3 times within the last hour (XID 94 (contained ECC error); XID 94 "
+            "(contained ECC error); XID 94 (contained ECC error)), more than the limit of 2") in held.message
     assert "`nvdp health clear GPU-0`" in held.message
     assert ledger.due(T0 + 10_000) == [] and ledger.checked("GPU-0", FINE, T0 + 10_000) == []
     [cleared] = ledger.clear(["GPU-0", "GPU-9"], T0 + 10_001)

@@ -100,8 +100,10 @@ def test_a_gpu_that_flaps_stays_down_and_says_so(make_plugin: MakePlugin, kubele
     node.inject_xid(uuid, 31)
     node.inject_xid(uuid, 94)
     kubelet.wait_for_resource(GPU, count=1, healthy=0, timeout=10)
-    plugin.wait_for_log(f"it went Unhealthy 3 times within the last hour (more than the limit of 2), so it "
-                        f"stays down: find the cause, then run `nvdp health clear {uuid}`")
+    xid = "XID 94 (contained ECC error)"
+    plugin.wait_for_log(f"it went Unhealthy 3 times within the last hour ({xid}; {xid}; {xid}), more than "
+                        f"the limit of 2, so it stays down: find the cause, then run `nvdp health clear "
+                        f"{uuid}`")
     stays(kubelet, healthy=0, seconds=3)
     record = json.loads((state / "health.json").read_text())
     assert record["gpus"][uuid]["state"] == "flapping"

@@ -118,7 +118,8 @@ class Ledger:
         self.settings = settings
         self._lock = threading.Lock()
         self._faults: dict[str, Fault] = {}
-        self._downs: dict[str, tuple[float, ...]] = {}
+        # gpu -> (time, cause) of each time it went down within the window, for the flap limit
+        self._downs: dict[str, tuple[tuple[float, str], ...]] = {}
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -153,10 +154,10 @@ class Ledger:
         """What brings `fault`'s GPU back, for its messages."""
         gpu, state = fault.gpu, self.state(fault)
         if state == "flapping":
-            downs = len(self._downs.get(gpu, ()))
-            return (f"it went Unhealthy {downs} times within the last hour (more than the limit of "
-                    f"{self.settings.flap_limit}), so it stays down: find the cause, then run "
-                    f"`nvdp health clear {gpu}` in the plugin's container (or reboot the node)")
+            causes = [cause for _, cause in self._downs.get(gpu, ())]
+            return (f"it went Unhealthy {len(causes)} times within the last hour ({'; '.join(causes)}), "
+                    f"more than the limit of {self.settings.flap_limit}, so it stays down: find the cause, "
+                    f"then run `nvdp health clear {gpu}` in the plugin's container (or reboot the node)")
         if state == "recovery-off":
             return ("health recovery is off (healthRecoveryAfter: never): it stays down until the plugin "
                     "restarts")
@@ -189,7 +190,8 @@ class Ledger:
                     return []
                 message = f"{_name(gpu, fresh)}: {cause.reason}; {self.outlook(merged)}"
                 return [Change("down", gpu, fresh, message, cause.reason)]
-            downs = (*(t for t in self._downs.get(gpu, ()) if now - t < self.settings.window_s), now)
+            downs = (*(d for d in self._downs.get(gpu, ()) if now - d[0] < self.settings.window_s),
+                     (now, cause.reason))
             self._downs[gpu] = downs
             broken = baseline is not None and bool(baseline.problems())
             fault = Fault(gpu, devices, cause.reason, since=now, last_fault=now, xids=xids,
@@ -272,7 +274,7 @@ class Ledger:
         with self._lock:
             gpus = {gpu: {**to_builtins(f), "state": self.state(f), "devices": sorted(f.devices)}
                     for gpu, f in sorted(self._faults.items())}
-            downs = {gpu: list(times) for gpu, times in sorted(self._downs.items()) if times}
+            downs = {gpu: [list(d) for d in times] for gpu, times in sorted(self._downs.items()) if times}
         return {"gpus": gpus, "downs": downs}
 
     def restore(self, record: Mapping[str, Any], now: float) -> list[Fault]:
@@ -284,7 +286,7 @@ class Ledger:
         taken = []
         with self._lock:
             for gpu, times in dict(record.get("downs") or {}).items():
-                kept = tuple(float(t) for t in times if now - float(t) < self.settings.window_s)
+                kept = tuple((float(t), str(c)) for t, c in times if now - float(t) < self.settings.window_s)
                 if kept:
                     self._downs[str(gpu)] = kept
             for gpu, data in dict(record.get("gpus") or {}).items():
