@@ -190,7 +190,8 @@ def node(kube_api: ControlPlane, tmp_path: Path) -> Iterator[Node]:
             NodeStatusMirror(kubelet, client, name), Sampler(client, name) as sampler:
         env = {**clean_env(), **sim.env, "CONFIG_DIR": str(root), "DEFAULT_CONFIG": "dp", "NODE_NAME": name,
                "KUBECONFIG": str(kube_api.admin_kubeconfig), "PYTHONUNBUFFERED": "1",
-               "DRA_DRIVER_NAME": DRIVER, "NVDP_DEFAULT_MODE": "dra"}
+               "DRA_DRIVER_NAME": DRIVER, "NVDP_DEFAULT_MODE": "dra",
+               "HEALTH_RECOVERY_AFTER": "1s", "HEALTH_STATE_DIR": str(tmp_path / "health")}
         cdi = make_cdi_node(tmp_path / "cdi-node", sim.inventory)
         plugin = Daemon([sys.executable, "-m", "nvdp.plugin.main"],
                         {**env, "DEVICE_PLUGIN_PATH": str(plugin_dir)}, tmp_path / "plugin.log")
@@ -304,3 +305,26 @@ def test_a_label_switches_the_node_between_the_apis_never_both(node: Node) -> No
     never_both(node.sampler.since(start))
     for daemon in (node.plugin, node.dra):
         assert "Traceback" not in daemon.log, daemon.log
+
+
+def test_in_dra_mode_a_gpu_that_goes_down_leaves_the_slice_and_comes_back(node: Node, tmp_path: Path) -> None:
+    from nvdp.inventory.profile import load_profile
+    from sim.nvml import inject_xid, resolve_profile
+
+    uuid = load_profile(resolve_profile("t4")).gpus[0].uuid
+    node.wait("nvidia.com/gpu 1 from the device plugin", lambda: in_dp_mode(node))
+    node.label("dra")
+    node.wait("the slice in DRA mode", lambda: in_dra_mode(node))
+    node.dra.wait_for("Health checks:")
+    start = time.monotonic()
+    inject_xid(tmp_path / "nvml", uuid, 94)
+    node.wait("gpu-0 to leave the slice", lambda: node.advertised() == (0, 0))
+    node.dra.wait_for(f"{uuid}: XID 94 (contained ECC error); it comes back by itself after 1s")
+    record_file = tmp_path / "health" / "health.json"
+    node.wait("the health record", lambda: record_file.exists() and uuid in record_file.read_text())
+    assert json.loads(record_file.read_text())["writer"] == "nvidia-dra-plugin"
+    node.wait("gpu-0 back in the slice", lambda: in_dra_mode(node))
+    node.wait("a GPUHealthy Event", lambda: bool(node.events("GPUHealthy")))
+    (event,) = node.events("GPUHealthy")
+    assert event["source"]["component"] == "nvidia-dra-plugin", event
+    never_both(node.sampler.since(start))
