@@ -61,3 +61,29 @@ def test_the_recheck_reads_each_condition_and_skips_what_the_driver_lacks() -> N
     assert check_gpu(nvml, "GPU-0") == Check(answers=False, error="NVML error 999")
     nvml.lost.add("GPU-0")
     assert check_gpu(nvml, "GPU-0").lost
+
+
+def test_a_daemon_opens_its_ledger_from_the_record_and_keeps_it_across_reloads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from nvdp.config.loader import load_config
+    from nvdp.health.ledger import Cause, Ledger, Settings
+    from nvdp.health.settings import open_ledger
+    from nvdp.health.xids import Remedy
+
+    log = logging.getLogger("test.health")
+    config = load_config(env={"HEALTH_STATE_DIR": str(tmp_path), "HEALTH_RECOVERY_AFTER": "1m"})
+    assert open_ledger(config, log).unhealthy == frozenset()  # no record yet
+    earlier = Ledger(Settings(after=60))
+    earlier.fault("GPU-0", {"GPU-0"}, Cause("XID 79 (GPU has fallen off the bus)", Remedy.RESET, 79), 100.0)
+    write_state(str(tmp_path), "nvidia-device-plugin", earlier.record(), 100.0)
+    ledger = open_ledger(config, log, now=200.0)
+    assert ledger.unhealthy == {"GPU-0"} and ledger.settings.after == 60
+    assert "1 GPU(s) stay down as before the restart: GPU-0 (needs-reset: XID 79" in caplog.text
+    again = load_config(env={"HEALTH_STATE_DIR": str(tmp_path), "HEALTH_RECOVERY_AFTER": "never"})
+    assert open_ledger(again, log, ledger) is ledger and ledger.settings.after is None  # a reload
+    (tmp_path / "health.json").write_text("{")
+    assert open_ledger(config, log).unhealthy == frozenset()
+    assert "Health record not used:" in caplog.text and "is not JSON" in caplog.text

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 from nvdp.gfd.labels import UNKNOWN, HostFacts, VgpuHost, gpu_mode_from_pci_class
-from nvdp.health.state import StateError, Summary, read_state, summary
+from nvdp.health.state import Summary, read_usable_state, summary
 from nvdp.inventory.model import Inventory
 
 log = logging.getLogger(__name__)
@@ -139,13 +139,7 @@ def read_host_facts(inventory: Inventory, machine_type_file: str, sysfs_root: st
 
 def health_summary(directory: str) -> Summary | None:
     """The plugin's health record in `directory` counted up; None without a directory or record."""
-    if not directory:
-        return None
-    try:
-        record = read_state(directory)
-    except StateError as err:
-        log.warning("no health labels: %s", err)
-        return None
+    record = read_usable_state(directory, log, "no health labels")
     return None if record is None else summary(record)
 
 

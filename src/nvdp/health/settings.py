@@ -12,7 +12,7 @@ import time
 from nvdp.config.durations import recovery_after_seconds
 from nvdp.config.model import Config
 from nvdp.health.ledger import Ledger, Settings
-from nvdp.health.state import StateError, read_state
+from nvdp.health.state import read_usable_state
 from nvdp.text import short_list
 
 
@@ -32,13 +32,7 @@ def open_ledger(config: Config, log: logging.Logger, ledger: Ledger | None = Non
         return ledger
     ledger = Ledger(settings_from_config(config))
     directory = config.flags.plugin.health_state_dir
-    if not directory:
-        return ledger
-    try:
-        record = read_state(directory)
-    except StateError as err:
-        log.warning("Health record not used: %s", err)
-        return ledger
+    record = read_usable_state(directory, log, "Health record not used")
     if record is None:
         return ledger
     taken = ledger.restore(record, time.time() if now is None else now)

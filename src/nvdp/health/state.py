@@ -11,6 +11,7 @@ a second.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Mapping
@@ -70,6 +71,18 @@ def read_state(directory: str) -> dict[str, Any] | None:
         raise StateError(f"{path} is not a version {VERSION} health record; delete it to start with every "
                          "GPU healthy")
     return document
+
+
+def read_usable_state(directory: str, log: logging.Logger, unused: str) -> dict[str, Any] | None:
+    """The record in `directory`, or None when there is no directory, no record or an unreadable one
+    (logged as a warning after `unused`, what the reader does without it)."""
+    if not directory:
+        return None
+    try:
+        return read_state(directory)
+    except StateError as err:
+        log.warning("%s: %s", unused, err)
+        return None
 
 
 def summary(record: Mapping[str, Any] | None) -> Summary:
