@@ -48,3 +48,18 @@ def test_without_a_directory_it_says_where_to_point_it(
     monkeypatch.delenv("HEALTH_STATE_DIR", raising=False)
     assert main(["health"]) == 2
     assert "pass --state-dir, or set HEALTH_STATE_DIR" in capsys.readouterr().err
+
+
+def test_the_doctor_names_the_gpus_held_down_and_what_brings_each_back(tmp_path: Path) -> None:
+    from nvdp.doctor.health_check import health_findings
+
+    assert health_findings("") == []  # no record kept: no check
+    (empty,) = health_findings(str(tmp_path / "none"))
+    assert empty.status == "PASS" and empty.detail.startswith("no GPU is down")
+    (down,) = health_findings(record(tmp_path))
+    assert down.status == "FAIL"
+    assert down.detail == "1 GPU(s) down: GPU-0 needs-reset: XID 95 (uncontained ECC error)"
+    assert down.fix.startswith("reset the GPU once no process uses it (nvidia-smi -r -i <uuid>)")
+    (tmp_path / "health.json").write_text("[")
+    (broken,) = health_findings(str(tmp_path))
+    assert broken.status == "FAIL" and "is not JSON" in broken.detail

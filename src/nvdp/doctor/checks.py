@@ -20,6 +20,8 @@ from nvdp.doctor.api import LabelRead
 from nvdp.doctor.bounded import TimedOut, checked, checked_all, within
 from nvdp.doctor.cdi_check import CdiChecks
 from nvdp.doctor.dra_check import DraChecks
+from nvdp.doctor.health_check import TITLE as HEALTH_TITLE
+from nvdp.doctor.health_check import health_findings
 from nvdp.doctor.kubelet_check import KubeletChecks
 from nvdp.doctor.mps_check import MpsChecks
 from nvdp.doctor.report import Finding, failed, passed, skipped
@@ -101,6 +103,9 @@ class Doctor(KubeletChecks, MpsChecks, CdiChecks, DraChecks):
         findings += checked_all("dra", "the DRA kubelet plugin", self.dra, 2 * limit)
         findings += checked_all("mps", "the MPS control daemon answers", self.mps, 2 * limit)
         findings.append(checked("mig", "MIG monitoring permissions", self.mig, limit))
+        # With a health record only (the chart's healthStateDir): the GPUs the plugin holds down.
+        record_dir = self.config.flags.plugin.health_state_dir
+        findings += checked_all("health", HEALTH_TITLE, lambda: health_findings(record_dir), limit)
         return findings
 
     # --- 1-4: the driver ------------------------------------------------------------------------
