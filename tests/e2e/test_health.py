@@ -1,6 +1,7 @@
 """Health recovery on a real node: a GPU taken away by an XID comes back by itself when it is fine.
 
-The plugin (quiet period 3 s, at most 2 downs an hour) and GPU feature discovery run from the chart.
+The plugin (quiet period 20 s: longer than the kubelet's node-status period, so that allocatable 0 is
+seen through the API at all; at most 2 downs an hour) and GPU feature discovery run from the chart.
 A transient XID takes allocatable to 0 and it returns with no one touching the node; an uncontained
 ECC error keeps the GPU down, labelled as needing service, until the stand-in NVML shows the GPU reset;
 a third down within the hour holds it, and `nvdp health clear` in the plugin's pod brings it back.
@@ -22,8 +23,10 @@ SCENARIO = "health recovery"
 T4 = "GPU-a4d98c34-f034-41fa-9519-b5bab976e4df"
 N = "nvidia.com/"
 UNHEALTHY, NEEDS_SERVICE = N + "gpu.unhealthy", N + "gpu.needs-service"
-VALUES = ("--set", "devicePlugin.healthRecovery.after=3s", "--set", "devicePlugin.healthRecovery.flapLimit=2",
-          "--set", "gfd.enabled=true")
+VALUES = ("--set", "devicePlugin.healthRecovery.after=20s",
+          "--set", "devicePlugin.healthRecovery.flapLimit=2",
+          "--set", "gfd.enabled=true",
+          "--set", "events.enabled=true")
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +64,12 @@ def plugin_pod(release: Release) -> str:
 
 
 def test_install_with_health_recovery(cluster: Cluster, release: Release, timings: Timings) -> None:
-    with timings.measure(SCENARIO, "helm install --wait (healthRecovery.after=3s, gfd.enabled)"):
+    with timings.measure(SCENARIO, "helm install --wait (healthRecovery.after=20s, gfd and events on)"):
         release.install(*VALUES)
     cluster.wait_allocatable(1, namespace=release.namespace)
     (pod,) = release.pods("device-plugin")
     env = {e["name"]: e.get("value") for c in pod["spec"]["containers"] for e in c.get("env", [])}
-    assert env["HEALTH_RECOVERY_AFTER"] == "3s" and env["HEALTH_STATE_DIR"] == "/run/nvidia/nvdp"
+    assert env["HEALTH_RECOVERY_AFTER"] == "20s" and env["HEALTH_STATE_DIR"] == "/run/nvidia/nvdp"
 
 
 def test_a_transient_xid_comes_back_by_itself(cluster: Cluster, release: Release, timings: Timings) -> None:
@@ -74,8 +77,8 @@ def test_a_transient_xid_comes_back_by_itself(cluster: Cluster, release: Release
     cluster.inject_xid(T4, 94)
     timings.add(SCENARIO, "XID 94 -> allocatable 0", cluster.wait_allocatable(0, namespace=release.namespace))
     cluster.wait_allocatable(1, timeout=60, namespace=release.namespace)
-    timings.add(SCENARIO, "XID 94 -> allocatable 1 again (quiet period 3 s)", time.monotonic() - start)
-    down = "XID 94 (contained ECC error); it comes back by itself after 3s"
+    timings.add(SCENARIO, "XID 94 -> allocatable 1 again (quiet period 20 s)", time.monotonic() - start)
+    down = "XID 94 (contained ECC error); it comes back by itself after 20s"
     assert node_event(cluster, "GPUUnhealthy", down) is not None
     healthy = f"{T4} is healthy again"
     cluster.wait_for("the GPUHealthy Event", lambda: node_event(cluster, "GPUHealthy", healthy), 30)
@@ -89,7 +92,7 @@ def test_an_uncontained_ecc_error_waits_for_a_reset(cluster: Cluster, release: R
     wanted = {UNHEALTHY: "1", NEEDS_SERVICE: "1"}
     _, seconds = cluster.wait_for("the health labels", lambda: labels(cluster) == wanted or None, 60)
     timings.add(SCENARIO, "XID 95 -> GFD labels gpu.unhealthy=1, gpu.needs-service=1", seconds)
-    stays_at(cluster, release, 0, 8)  # well past the quiet period: time alone does not bring it back
+    stays_at(cluster, release, 0, 30)  # past the quiet period: time alone does not bring it back
     shown = cluster.exec(release.namespace, plugin_pod(release), "nvdp", "health")
     assert f"{T4}  needs-reset" in shown and "XID 95 (uncontained ECC error)" in shown, shown
     start = time.monotonic()
@@ -106,7 +109,7 @@ def test_a_third_down_within_the_hour_holds_the_gpu_until_cleared(cluster: Clust
     cluster.wait_allocatable(0, namespace=release.namespace)
     flapping = "went Unhealthy 3 times within the last hour"
     cluster.wait_for("the GPUFlapping Event", lambda: node_event(cluster, "GPUFlapping", flapping), 30)
-    stays_at(cluster, release, 0, 6)
+    stays_at(cluster, release, 0, 25)
     out = cluster.exec(release.namespace, plugin_pod(release), "nvdp", "health", "clear", T4)
     assert f"Asked the plugin to clear {T4}" in out
     timings.add(SCENARIO, "nvdp health clear -> allocatable 1",
