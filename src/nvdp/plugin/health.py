@@ -101,6 +101,7 @@ class HealthMonitor:
         self._close_lock = threading.Lock()
         self._beat = time.monotonic()  # the loop's last wake-up, for the liveness probe
         self._last_recheck = 0.0
+        self._baseline_due: set[str] = set()  # GPUs gone down whose first re-check is still to come
 
     def start(self) -> bool:
         """Register for events and start the thread; False when health checks are off or impossible."""
@@ -270,21 +271,16 @@ class HealthMonitor:
     def _report(self, targets: Mapping[str, frozenset[str]], cause: Cause) -> None:
         now = self._clock()
         changes: list[Change] = []
-        fresh: list[str] = []
         for gpu, devices in targets.items():
             if gpu in self.ledger.faults():
                 self._log.info("%s on %s, which is already down: its quiet period starts again",
                                cause.reason, gpu)
             else:
-                fresh.append(gpu)
+                # What a reset will have to change is read at the next re-check (within a second),
+                # off the path from the XID to the kubelet.
+                self._baseline_due.add(gpu)
             changes += self.ledger.fault(gpu, devices, cause, now)
-        self._publish(changes)  # the consumers first: the kubelet hears of the XID at once
-        baselines: list[Change] = []
-        for gpu in fresh:  # then what a reset will have to change, read as it went down
-            check = self._check(gpu)
-            if check is not None:
-                baselines += self.ledger.baseline(gpu, check)
-        self._publish(baselines, write=bool(fresh))
+        self._publish(changes)
 
     def _recheck(self) -> None:
         """Take clear requests and re-check what is due, at most once per RECHECK_EVERY_S."""
@@ -293,6 +289,12 @@ class HealthMonitor:
             return
         self._last_recheck = now
         changes: list[Change] = []
+        wrote = bool(self._baseline_due)
+        for gpu in sorted(self._baseline_due):
+            check = self._check(gpu)
+            if check is not None:
+                changes += self.ledger.baseline(gpu, check)
+        self._baseline_due.clear()
         if self._state_dir:
             try:
                 asked = take_clear_requests(self._state_dir)
@@ -304,7 +306,7 @@ class HealthMonitor:
         for gpu in self.ledger.due(now):
             check = self._check(gpu) or Check(answers=False, error="the NVML re-check failed")
             changes += self.ledger.checked(gpu, check, now)
-        self._publish(changes)
+        self._publish(changes, write=wrote)
 
     def _check(self, gpu: str) -> Check | None:
         try:
