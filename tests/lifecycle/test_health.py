@@ -4,6 +4,7 @@ import ctypes
 import logging
 import queue
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,7 @@ class Reports:
         self.unhealthy: frozenset[str] = frozenset()
         self.kinds: list[str] = []
 
-    def __call__(self, unhealthy: frozenset[str], changes: list[Change]) -> None:
+    def __call__(self, unhealthy: frozenset[str], changes: Sequence[Change]) -> None:
         self.unhealthy = unhealthy
         self.kinds += [c.kind for c in changes]
         devices = frozenset().union(*(c.devices for c in changes))
@@ -163,7 +164,7 @@ def test_an_xid_is_counted_before_its_devices_are_marked() -> None:
     at_report: queue.Queue[list[tuple[str, int, str]]] = queue.Queue()
     nvml = FakeNvml(["GPU-0"])
 
-    def report(_uuids: frozenset[str], _changes: list[Change]) -> None:
+    def report(_uuids: frozenset[str], _changes: Sequence[Change]) -> None:
         at_report.put(list(counted))
 
     monitor = HealthMonitor(inventory(gpu(0)), xid_policy(), Ledger(Settings()), report, LOG,
@@ -260,7 +261,7 @@ def test_monitor_consumer_error_does_not_stop_the_loop() -> None:
     seen: list[frozenset[str]] = []
     done: queue.Queue[bool] = queue.Queue()
 
-    def consumer(uuids: frozenset[str], changes: list[Change]) -> None:
+    def consumer(uuids: frozenset[str], changes: Sequence[Change]) -> None:
         seen.append(frozenset().union(*(c.devices for c in changes)))
         if len(seen) == 1:
             raise RuntimeError("boom")
