@@ -84,7 +84,7 @@ def test_xid_reload_refusal_and_mps_wait_are_events_on_the_node(
     node.inject_xid(uuid_, 48)
     unhealthy = wait_for_event(kube_api, node_name, "GPUUnhealthy")
     assert unhealthy["type"] == "Warning"
-    assert unhealthy["message"].startswith(f"XID 48 (critical error): {uuid_} and the devices on them")
+    assert unhealthy["message"].startswith(f"{uuid_}: XID 48 (double-bit ECC error); it needs a GPU reset")
     assert unhealthy["source"]["component"] == "nvidia-device-plugin"
 
     config.write_text("version: v1\nflags:\n  migStrategy: sometimes\n")

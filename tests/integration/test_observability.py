@@ -55,10 +55,11 @@ def test_metrics_after_allocations_xid_and_sighup(make_plugin: MakePlugin, kubel
     assert value(samples, "nvdp_xid_events_total", gpu=uuids[5], xid="79", action="critical") == 1
     assert value(samples, "nvdp_config_active", source=str(config), entry="") == 1
     assert value(samples, "nvdp_kubelet_restarts_total") == 0
+    assert value(samples, "nvdp_gpu_unhealthy", gpu=uuids[5], state="needs-reset") == 1  # XID 79
     # No high-cardinality labels: no device IDs, pods or containers anywhere.
     labels = {name for _, pairs in samples for name, _ in pairs}
     assert labels <= {"resource", "health", "result", "reason", "gpu", "xid", "action", "source", "entry",
-                      "le", "version", "component", "python"}
+                      "le", "version", "component", "python", "state", "how"}
 
     config.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
                       "      - name: nvidia.com/gpu\n        replicas: 2\n")
@@ -77,6 +78,7 @@ def test_metrics_after_allocations_xid_and_sighup(make_plugin: MakePlugin, kubel
     assert value(samples, "nvdp_config_reloads_total", result="refused") == 1
     assert value(samples, "nvdp_devices", resource="nvidia.com/gpu", health="healthy") == healthy
     assert value(samples, "nvdp_devices", resource="nvidia.com/gpu", health="unhealthy") == 16 - healthy
+    assert healthy == 14  # the re-plan kept the GPU down: both its replicas are Unhealthy
     assert value(samples, "nvdp_kubelet_restarts_total") == 1
     assert (value(samples, "nvdp_config_last_reload_timestamp_seconds", result="refused") or 0) > 0
     assert plugin.stop() == 0

@@ -97,7 +97,7 @@ def test_time_slicing_replicas_and_xid_marks_every_replica(make_plugin: MakePlug
     devices = kubelet.wait_for_resource("nvidia.com/gpu", count=10, healthy=0, timeout=10)
     assert {d["health"] for d in devices} == {"Unhealthy"}
     # The line is written once the kubelet has the list, so it can come just after.
-    plugin.wait_for_log("nvidia.com/gpu: 10 device(s) marked unhealthy (XID 48 (critical error))")
+    plugin.wait_for_log("nvidia.com/gpu: 10 device(s) marked unhealthy (XID 48 (double-bit ECC error))")
     assert "Ignoring XID 13" in plugin.log
     stop_cleanly(plugin)
 

@@ -12,7 +12,6 @@ import time
 from nvdp.config.durations import recovery_after_seconds
 from nvdp.config.model import Config
 from nvdp.health.ledger import Ledger, Settings
-from nvdp.health.state import read_usable_state
 from nvdp.text import short_list
 
 
@@ -32,6 +31,10 @@ def open_ledger(config: Config, log: logging.Logger, ledger: Ledger | None = Non
         return ledger
     ledger = Ledger(settings_from_config(config))
     directory = config.flags.plugin.health_state_dir
+    if not directory:
+        return ledger
+    from nvdp.health.state import read_usable_state  # only with a record to read (module count)
+
     record = read_usable_state(directory, log, "Health record not used")
     if record is None:
         return ledger
