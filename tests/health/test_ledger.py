@@ -52,7 +52,8 @@ def test_every_new_xid_starts_the_quiet_period_again_and_adds_devices() -> None:
 
 def test_a_reset_fault_never_returns_on_time_alone() -> None:
     ledger = Ledger(Settings(after=60))
-    [down] = ledger.fault("GPU-0", {"GPU-0"}, XID95, T0, baseline=Check(volatile_ecc=3))
+    [down] = ledger.fault("GPU-0", {"GPU-0"}, XID95, T0)
+    ledger.baseline("GPU-0", Check(volatile_ecc=3))
     assert "needs a GPU reset (`nvidia-smi -r -i GPU-0`" in down.message
     assert ledger.due(T0 + 1) == ["GPU-0"]  # re-checked all along, to see the reset
     assert ledger.checked("GPU-0", Check(volatile_ecc=3), T0 + 86400) == []
@@ -91,9 +92,8 @@ def test_a_problem_found_by_a_recheck_holds_even_a_transient_fault_until_a_reset
 
 def test_a_baseline_that_shows_a_problem_is_the_first_half_of_a_reset() -> None:
     ledger = Ledger(Settings(after=10))
-    ledger.fault(
-        "GPU-0", {"GPU-0"}, Cause("GPU is lost", Remedy.RESET), T0, baseline=Check(answers=False, lost=True)
-    )
+    ledger.fault("GPU-0", {"GPU-0"}, Cause("GPU is lost", Remedy.RESET), T0)
+    ledger.baseline("GPU-0", Check(answers=False, lost=True))
     assert ledger.faults()["GPU-0"].blocked == "the GPU is lost (fallen off the bus)"
     assert ledger.checked("GPU-0", Check(answers=False, lost=True), T0 + 20) == []  # already said
     assert ledger.checked("GPU-0", FINE, T0 + 21)[0].kind == "recovered"
@@ -134,7 +134,8 @@ def test_with_recovery_off_nothing_comes_back_and_nothing_is_restored() -> None:
 
 def test_the_record_brings_faults_and_downs_back_after_a_restart() -> None:
     ledger = Ledger(Settings(after=60, flap_limit=1))
-    ledger.fault("GPU-0", {"MIG-1"}, XID95, T0, baseline=Check(volatile_ecc=4))
+    ledger.fault("GPU-0", {"MIG-1"}, XID95, T0)
+    ledger.baseline("GPU-0", Check(volatile_ecc=4))
     ledger.fault("GPU-1", {"GPU-1"}, XID94, T0)
     ledger.checked("GPU-1", FINE, T0 + 61)
     record = ledger.record()

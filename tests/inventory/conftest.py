@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,22 @@ def python_env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVML_SIM_") and k != "LD_LIBRARY_PATH"}
     env.update(extra)
     return env
+
+
+@contextmanager
+def line_process(node: NodeSim, script: str) -> Iterator[subprocess.Popen[str]]:
+    """`script` in a fresh interpreter on `node`'s NVML, kept running: it prints READY, then answers one
+    line per line it reads, and ends when its input closes (ending with status 0 is checked)."""
+    proc = subprocess.Popen([sys.executable, "-c", script], env=python_env(node.env), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "READY"
+        yield proc
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from sim.nvml import NodeSim
 
-from .conftest import python_env
+from .conftest import line_process
 
 RunPy = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -56,21 +56,8 @@ class EventLoop:
 
 @contextmanager
 def event_loop(node: NodeSim) -> Iterator[EventLoop]:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", EVENT_LOOP],
-        env=python_env(node.env),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "READY"
+    with line_process(node, EVENT_LOOP) as proc:
         yield EventLoop(proc)
-    finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait(timeout=30)
 
 
 XID = 8  # nvmlEventTypeXidCriticalError

@@ -17,7 +17,7 @@ import yaml
 
 from sim.nvml import PROFILES_DIR, NodeSim
 
-from .conftest import python_env
+from .conftest import line_process
 
 # A long-lived process that answers one JSON line per command line, so a test can change the state between
 # calls and see the same process (one nvmlInit) read the change:
@@ -138,21 +138,8 @@ class Probe:
 
 @contextmanager
 def probe(node: NodeSim) -> Iterator[Probe]:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", PROBE],
-        env=python_env(node.env),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "READY"
+    with line_process(node, PROBE) as proc:
         yield Probe(proc)
-    finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        assert proc.wait(timeout=30) == 0
 
 
 def one_gpu_profile(tmp_path: Path, name: str, **fields: str) -> Path:

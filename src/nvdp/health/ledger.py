@@ -129,6 +129,10 @@ class Ledger:
         with self._lock:
             return frozenset().union(*(f.devices for f in self._faults.values()))
 
+    def is_down(self, gpu: str) -> bool:
+        with self._lock:
+            return gpu in self._faults
+
     def faults(self) -> dict[str, Fault]:
         with self._lock:
             return dict(self._faults)
@@ -169,12 +173,10 @@ class Ledger:
 
     # --- steps -------------------------------------------------------------------------------
 
-    def fault(self, gpu: str, devices: Iterable[str], cause: Cause, now: float,
-              baseline: Check | None = None) -> list[Change]:
+    def fault(self, gpu: str, devices: Iterable[str], cause: Cause, now: float) -> list[Change]:
         """`devices` of `gpu` go down (a new XID on a GPU already down starts its quiet period again).
 
-        `baseline`: a re-check made right now, whose ECC count a later reset will have zeroed (or
-        given later through `baseline`, so that the XID reaches the consumers first)."""
+        The first re-check after it went down is given through `baseline`, after the consumers heard."""
         devices = frozenset(devices)
         needs_reset = cause.remedy is Remedy.RESET
         xids = (cause.xid,) if cause.xid is not None else ()
@@ -193,12 +195,8 @@ class Ledger:
             downs = (*(d for d in self._downs.get(gpu, ()) if now - d[0] < self.settings.window_s),
                      (now, cause.reason))
             self._downs[gpu] = downs
-            broken = baseline is not None and bool(baseline.problems())
             fault = Fault(gpu, devices, cause.reason, since=now, last_fault=now, xids=xids,
-                          needs_reset=needs_reset or broken,
-                          baseline_ecc=baseline.volatile_ecc if baseline is not None else None,
-                          seen_broken=broken, blocked="; ".join(baseline.problems()) if baseline else "",
-                          flapping=len(downs) > self.settings.flap_limit)
+                          needs_reset=needs_reset, flapping=len(downs) > self.settings.flap_limit)
             self._faults[gpu] = fault
             kind: ChangeKind = "held" if fault.flapping else "down"
             message = f"{_name(gpu, devices)}: {cause.reason}; {self.outlook(fault)}"

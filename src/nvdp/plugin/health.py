@@ -270,7 +270,7 @@ class HealthMonitor:
         now = self._clock()
         changes: list[Change] = []
         for gpu, devices in targets.items():
-            if gpu in self.ledger.faults():
+            if self.ledger.is_down(gpu):
                 self._log.info("%s on %s, which is already down: its quiet period starts again",
                                cause.reason, gpu)
             else:
