@@ -28,6 +28,7 @@ from tests.kube.envtest import ControlPlane
 
 from .cdi_node import make_cdi_node
 from .conftest import clean_env
+from .scrape import free_port, scrape
 from .test_node_config import entries_dir, update_entries
 
 pytestmark = pytest.mark.slow
@@ -86,7 +87,8 @@ def start(kind: str, tmp_path: Path, env: dict[str, str], node: NodeSim, sockets
         plugin_dir = tmp_path / "device-plugins"
         plugin_dir.mkdir()
         return Daemon([sys.executable, "-m", "nvdp.plugin.main"],
-                      {**env, "DEVICE_PLUGIN_PATH": str(plugin_dir)}, log)
+                      {**env, "DEVICE_PLUGIN_PATH": str(plugin_dir),
+                       "METRICS_ADDRESS": f"127.0.0.1:{env['TEST_METRICS_PORT']}"}, log)
     if kind == "mps-control-daemon":
         from sim.mps import BIN_DIR
 
@@ -123,8 +125,18 @@ def test_the_per_node_config_rule(daemon_kind: str, node: NodeSim, kube_api: Con
     kube_api.create_node(name, labels={LABEL: "broken"})
     root = entries_dir(tmp_path, ENTRIES)
     env = {**clean_env(), **node.env, "CONFIG_DIR": str(root), "DEFAULT_CONFIG": "plain", "NODE_NAME": name,
-           "KUBECONFIG": str(kube_api.admin_kubeconfig), "PYTHONUNBUFFERED": "1"}
+           "KUBECONFIG": str(kube_api.admin_kubeconfig), "PYTHONUNBUFFERED": "1",
+           "TEST_METRICS_PORT": str(free_port())}
     daemon = start(daemon_kind, tmp_path, env, node, sockets)
+
+    def metric_names(entry: str) -> None:
+        """The device plugin's nvdp_config_active names the entry in force (the others have no such
+        series)."""
+        if daemon_kind == "nvidia-device-plugin":
+            samples = scrape(int(env["TEST_METRICS_PORT"]))
+            active = {dict(labels)["entry"] for (name, labels), v in samples.items()
+                      if name == "nvdp_config_active" and v == 1}
+            assert active == {entry}, samples
 
     def label(value: str | None) -> None:
         kube_api.kubectl("label", "node", name, f"{LABEL}={value}" if value else f"{LABEL}-", "--overwrite")
@@ -132,6 +144,7 @@ def test_the_per_node_config_rule(daemon_kind: str, node: NodeSim, kube_api: Con
     try:
         # At start, the labelled entry is invalid: the daemon starts on the default instead of exiting.
         daemon.wait_for("Config in force: ")
+        metric_names("plain")
         assert daemon.in_force() == "entry 'plain' (from config.default)"
         assert "InvalidConfig: config entry 'broken' chosen by the node label is invalid" in daemon.log
 
@@ -143,15 +156,18 @@ def test_the_per_node_config_rule(daemon_kind: str, node: NodeSim, kube_api: Con
         # A valid entry is taken up.
         label("ts")
         daemon.wait_for("Config in force: entry 'ts' (from label)")
+        metric_names("ts")
 
         # An invalid one later: reported, the running one stays, the daemon keeps running.
         label("broken")
         daemon.wait_for("config entry 'broken' (from label) was not applied; still serving entry 'ts'")
         assert daemon.in_force() == "entry 'ts' (from label)"
+        metric_names("ts")
 
         # The invalid entry fixed: taken up without another label change.
         update_entries(root, {**ENTRIES, "broken": SHARED.format(2)})
         daemon.wait_for("Config in force: entry 'broken' (from label)")
+        metric_names("broken")
 
         # The chosen entry edited: applied again.
         update_entries(root, {**ENTRIES, "broken": SHARED.format(3)})
@@ -164,6 +180,7 @@ def test_the_per_node_config_rule(daemon_kind: str, node: NodeSim, kube_api: Con
         # The label removed: back to the default.
         label(None)
         daemon.wait_for("Config in force: entry 'plain' (from config.default)", count=2)
+        metric_names("plain")
         assert daemon.log.count("Config in force: ") == 6, daemon.log
     finally:
         code = daemon.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -157,9 +158,13 @@ def test_active_config_names_the_per_node_entry(make_plugin: MakePlugin, kubelet
                                     "      - name: nvidia.com/gpu\n        replicas: 2\n")
     plugin, _node = make_plugin("t4", CONFIG_DIR=str(entries), DEFAULT_CONFIG="shared")
     plugin.start(f"--metrics-address=127.0.0.1:{port}")
-    kubelet.wait_for_resource("nvidia.com/gpu", count=2, timeout=10)
-    samples = scrape(port)
+    wait_for_http(port, "/healthz", 200)
+    # The first scrape that shows the resource registered names the config it comes from too.
+    deadline = time.monotonic() + 10
+    while value(samples := scrape(port), "nvdp_resource_registered", resource="nvidia.com/gpu") != 1:
+        assert time.monotonic() < deadline, "nvidia.com/gpu did not register in 10 s"
     assert value(samples, "nvdp_config_active", source=str(entries / "shared"), entry="shared") == 1
+    kubelet.wait_for_resource("nvidia.com/gpu", count=2, timeout=10)
     assert plugin.stop() == 0
 
 

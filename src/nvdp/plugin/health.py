@@ -326,6 +326,8 @@ class HealthMonitor:
             if write:
                 self._write_state()
             return
+        # The gauges first: a scrape that sees the kubelet's new list sees the states behind it too.
+        self._record_states()
         try:
             self._on_health(self.ledger.unhealthy, changes)
         except Exception:  # a failing consumer must not end health checking
@@ -334,11 +336,15 @@ class HealthMonitor:
             log = self._log.info if change.kind in ("recovered", "cleared") else self._log.warning
             log("%s", change.message)
             self._recorder.health_changed(change.kind, change.gpu, change.message)
-        self._write_state()
+        self._write_state(recorded=True)
 
-    def _write_state(self) -> None:
+    def _record_states(self) -> None:
         faults = self.ledger.faults()
         self._recorder.health_states({gpu: self.ledger.state(f) for gpu, f in faults.items()})
+
+    def _write_state(self, recorded: bool = False) -> None:
+        if not recorded:
+            self._record_states()
         if not self._state_dir:
             return
         from nvdp.health.state import write_state

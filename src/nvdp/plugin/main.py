@@ -123,6 +123,7 @@ class PluginProcess:
             raise ConfigRefused(str(err)) from None
         assert self.gate is not None
         self.gate.enter(prepared.mode)
+        self.record_active(chosen)
         self.serve(self.hold(prepared, entering=True))
 
     def hold(self, prepared: Prepared, *, entering: bool) -> Prepared:
@@ -183,6 +184,7 @@ class PluginProcess:
         switching = self.gate.mode != prepared.mode
         self.gate.enter(prepared.mode)
         prepared = self.hold(prepared, entering=switching)
+        self.record_active(chosen)
         if self.manager is None:
             self.recorder.config_applied(prepared.config.source, "first configuration served", True,
                                          time.time(), notify=notify)
@@ -284,10 +286,11 @@ class PluginProcess:
                                     state_dir=config.flags.plugin.health_state_dir)
         self.health.start()
 
-    def record_active(self) -> None:
-        """The config in force, for nvdp_config_active (once the per-node rule has taken it)."""
-        if self.source and self.rule is not None:
-            self.recorder.config_active(self.source, self.rule.entry)
+    def record_active(self, chosen: Chosen | None) -> None:
+        """The config going in force, for nvdp_config_active. Set before any resource registers, so a
+        scrape that sees the resources also sees the config they come from."""
+        if self.source:
+            self.recorder.config_active(self.source, (chosen.entry or "") if chosen is not None else "")
 
     # --- the process -------------------------------------------------------------------------
 
@@ -338,7 +341,6 @@ class PluginProcess:
             self.start_node_config(inbox)
             assert self.rule is not None
             self.rule.start(self.start_with)
-            self.record_active()
         except (StartupError, ConfigRefused, SelectionError) as err:
             self.log.error("%s", err)
             return EXIT_FAILED
@@ -359,12 +361,10 @@ class PluginProcess:
         if Wake.RELOAD in wakes or Wake.NODE_CONFIG in wakes:  # a burst of changes re-plans once
             forced = Wake.RELOAD in wakes
             self._why = "Received SIGHUP" if forced else "Node config changed"
-            if self.rule.again(self.reload, forced=forced):
-                self.record_active()
+            self.rule.again(self.reload, forced=forced)
         elif self.rule.retry_due():  # a mode switch that waited for GPU pods to go
             self._why = "Trying the pending config again"
-            if self.rule.again(self.reload, forced=False):
-                self.record_active()
+            self.rule.again(self.reload, forced=False)
         if self.handover is not None and self.handover.done():
             self.release_held()
         return None
