@@ -114,8 +114,16 @@ def diagnose(cluster: Cluster, release: Release, *names: str) -> Any:
     return text
 
 
+# A pod with a claim may wait for the kubelet's second try: its first fetch of a just-generated claim
+# can be refused by the node authorizer ("no relationship found between node ... and this object")
+# before the authorizer's graph has the pod's claim status, and the kubelet retries on its pod-sync
+# back-off, about 60 s later (seen on the kit: Ready 61 s after the pod was created). Nothing reaches
+# the DRA plugin before that retry.
+POD_READY_S = 120
+
+
 def start(cluster: Cluster, release: Release, images: Images, names: list[str], claim_template: str | None,
-          timeout: float = 120) -> float:
+          timeout: float = POD_READY_S) -> float:
     for name in names:
         cluster.apply(pod(name, images.plugin, claim_template))
     _, seconds = cluster.wait_for(f"pods {', '.join(names)} Ready",
@@ -173,7 +181,7 @@ def test_two_mps_claims_share_the_gpus_daemon_with_their_own_limits(
     cluster.apply([template("mps-small", mps(25, "2Gi")), template("mps-large", mps(50, "4Gi"))])
     cluster.apply(pod("mps-a", images.plugin, "mps-small"))
     seconds = start(cluster, release, images, ["mps-b"], "mps-large")
-    cluster.wait_for("pod mps-a Ready", lambda: phase(cluster, "mps-a") == "Ready", 60,
+    cluster.wait_for("pod mps-a Ready", lambda: phase(cluster, "mps-a") == "Ready", POD_READY_S,
                      diagnose=diagnose(cluster, release, "mps-a"))
     timings.add(SCENARIO, "MPS claim (daemon started) -> pod Ready", seconds)
     a, b = env_in(cluster, "mps-a"), env_in(cluster, "mps-b")
