@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nvdp.doctor.report import Finding, failed, passed
-from nvdp.health.state import StateError, read_state
+from nvdp.health.state import StateError, down_gpus, read_state
 
 TITLE = "no GPU is held down by the health checks"
 # What brings a GPU back, by the state its record gives it (nvdp.health.ledger).
@@ -26,7 +26,7 @@ def health_findings(directory: str) -> list[Finding]:
         record = read_state(directory)
     except StateError as err:
         return [failed("health", TITLE, str(err), "delete the file; every GPU then starts healthy")]
-    gpus = dict((record or {}).get("gpus") or {})
+    gpus = down_gpus(record)
     if not gpus:
         return [passed("health", TITLE, f"no GPU is down (record in {directory})")]
     lines = [f"{gpu} {entry.get('state')}: {entry.get('reason')}"

@@ -248,17 +248,14 @@ class DraProcess:
         return self.ledger
 
     def start_health(self) -> None:
-        from nvdp.plugin.health import HealthMonitor
-        from nvdp.plugin.xid_policy import policy_from_config
+        from nvdp.plugin.health import monitor_for
 
         assert self.serving is not None
         if self.health is not None:
             self.health.stop()
         config = self.serving.config
-        self.health = HealthMonitor(self.serving.inventory, policy_from_config(config),
-                                    self.open_ledger(config), self.on_health, self.log,
-                                    recorder=self.recorder, state_dir=config.flags.plugin.health_state_dir,
-                                    writer="nvidia-dra-plugin")
+        self.health = monitor_for(config, self.serving.inventory, self.open_ledger(config), self.on_health,
+                                  self.log, recorder=self.recorder, writer="nvidia-dra-plugin")
         self.health.start()
 
     def start_serving(self) -> None:

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from nvdp.health.state import FILE, StateError, read_state, request_clear
+from nvdp.health.state import FILE, StateError, down_gpus, read_state, request_clear
 
 ENV = "HEALTH_STATE_DIR"
 
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record or {}, indent=2, sort_keys=True))
         return 0
-    gpus = dict((record or {}).get("gpus") or {})
+    gpus = down_gpus(record)
     if not gpus:
         where = "" if record else f" (no {FILE} in {directory} yet)"
         print(f"No GPU is down{where}.")
@@ -68,7 +68,7 @@ def clear(args: argparse.Namespace, directory: str, record: dict[str, Any] | Non
     if bool(args.gpus) == bool(args.all):
         print("nvdp health clear: name the GPUs to clear (their UUIDs), or pass --all", file=sys.stderr)
         return 2
-    down = set(dict((record or {}).get("gpus") or {}))
+    down = set(down_gpus(record))
     unknown = [gpu for gpu in args.gpus if gpu not in down]
     if unknown:
         listed = ", ".join(sorted(down)) or "none"

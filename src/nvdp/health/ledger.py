@@ -212,13 +212,11 @@ class Ledger:
             problems = check.problems()
             fault = replace(fault, baseline_ecc=check.volatile_ecc)
             if problems:
-                blocked = "; ".join(problems)
-                fault = replace(fault, seen_broken=True, needs_reset=True, blocked=blocked)
+                fault = _broken(fault, problems)
             self._faults[gpu] = fault
             if not problems or fault.flapping:
                 return []
-            message = f"{gpu} stays Unhealthy: {fault.blocked}; {self.outlook(fault)}"
-            return [Change("blocked", gpu, fault.devices, message, fault.blocked)]
+            return [self._blocked(fault)]
 
     def checked(self, gpu: str, check: Check, now: float) -> list[Change]:
         """Apply a re-check of `gpu`: it stays down (saying why when that changed), or comes back."""
@@ -228,13 +226,8 @@ class Ledger:
                 return []
             problems = check.problems()
             if problems:
-                blocked = "; ".join(problems)
-                self._faults[gpu] = replace(fault, seen_broken=True, needs_reset=True, blocked=blocked)
-                if blocked == fault.blocked:
-                    return []
-                held = self._faults[gpu]
-                message = f"{gpu} stays Unhealthy: {blocked}; {self.outlook(held)}"
-                return [Change("blocked", gpu, fault.devices, message, blocked)]
+                held = self._faults[gpu] = _broken(fault, problems)
+                return [] if held.blocked == fault.blocked else [self._blocked(held)]
             if fault.blocked:
                 fault = self._faults[gpu] = replace(fault, blocked="")
             after = self.settings.after
@@ -265,6 +258,11 @@ class Ledger:
                                       f"(it went down on {fault.reason})", "cleared by hand"))
             return changes
 
+    def _blocked(self, fault: Fault) -> Change:
+        """A re-check keeps `fault`'s GPU down: what it found, and what brings the GPU back."""
+        message = f"{fault.gpu} stays Unhealthy: {fault.blocked}; {self.outlook(fault)}"
+        return Change("blocked", fault.gpu, fault.devices, message, fault.blocked)
+
     # --- the record on disk --------------------------------------------------------------------
 
     def record(self) -> dict[str, Any]:
@@ -293,6 +291,12 @@ class Ledger:
                 self._faults[str(gpu)] = replace(fault, gpu=str(gpu))
                 taken.append(self._faults[str(gpu)])
         return taken
+
+
+def _broken(fault: Fault, problems: tuple[str, ...]) -> Fault:
+    """`fault` after a re-check found `problems`: it needs a reset now, and a later clean re-check
+    shows one."""
+    return replace(fault, seen_broken=True, needs_reset=True, blocked="; ".join(problems))
 
 
 def _name(gpu: str, devices: frozenset[str]) -> str:

@@ -85,9 +85,14 @@ def read_usable_state(directory: str, log: logging.Logger, unused: str) -> dict[
         return None
 
 
+def down_gpus(record: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The record's GPUs that are down, by UUID (empty without a record)."""
+    return dict((record or {}).get("gpus") or {})
+
+
 def summary(record: Mapping[str, Any] | None) -> Summary:
-    gpus = dict((record or {}).get("gpus") or {})
-    states = [str(dict(entry).get("state", "")) for entry in gpus.values() if isinstance(entry, Mapping)]
+    states = [str(dict(entry).get("state", "")) for entry in down_gpus(record).values()
+              if isinstance(entry, Mapping)]
     return Summary(unhealthy=len(states), needs_service=sum(1 for s in states if s in NEEDS_SERVICE))
 
 

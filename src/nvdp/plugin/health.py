@@ -17,6 +17,7 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from nvdp.config.model import Config
 from nvdp.health.ledger import Cause, Change, Check, Ledger
 from nvdp.health.xids import Remedy, describe, xid_info
 from nvdp.inventory.model import Gpu, Inventory
@@ -54,6 +55,15 @@ def event_targets(inventory: Inventory, gpu_uuid: str, gi_id: int, ci_id: int) -
         if mig.gi_id == gi_id and mig.ci_id == ci_id:
             return frozenset({mig.uuid})
     return frozenset()
+
+
+def monitor_for(config: Config, inventory: Inventory, ledger: Ledger, on_health: OnHealth,
+                log: logging.Logger, *, recorder: Recorder, writer: str) -> HealthMonitor:
+    """The monitor a daemon runs for `config`: its XID policy, and its record in healthStateDir."""
+    from nvdp.plugin.xid_policy import policy_from_config
+
+    return HealthMonitor(inventory, policy_from_config(config), ledger, on_health, log, recorder=recorder,
+                         state_dir=config.flags.plugin.health_state_dir, writer=writer)
 
 
 class HealthMonitor:

@@ -88,7 +88,6 @@ class PluginProcess:
         self.handover: Handover | None = None
         # The process's one Recorder (metrics and Node Events); every part that records is given it.
         self.recorder = Recorder()
-        self.source = ""  # where the config in force came from
         self._why = "Received SIGHUP"
         self.specs = CdiSpecs(spec_dir(env), log)
 
@@ -109,7 +108,6 @@ class PluginProcess:
             prepared = idle(config, mode, "this node is in DRA mode: the DRA plugin serves its GPUs")
         else:
             prepared = prepare(config)
-        self.source = config.source
         return prepared
 
     def start_with(self, chosen: Chosen | None) -> None:
@@ -123,7 +121,7 @@ class PluginProcess:
             raise ConfigRefused(str(err)) from None
         assert self.gate is not None
         self.gate.enter(prepared.mode)
-        self.record_active(chosen)
+        self.record_active(prepared, chosen)
         self.serve(self.hold(prepared, entering=True))
 
     def hold(self, prepared: Prepared, *, entering: bool) -> Prepared:
@@ -184,7 +182,7 @@ class PluginProcess:
         switching = self.gate.mode != prepared.mode
         self.gate.enter(prepared.mode)
         prepared = self.hold(prepared, entering=switching)
-        self.record_active(chosen)
+        self.record_active(prepared, chosen)
         if self.manager is None:
             self.recorder.config_applied(prepared.config.source, "first configuration served", True,
                                          time.time(), notify=notify)
@@ -268,8 +266,7 @@ class PluginProcess:
         return self.ledger
 
     def start_health(self, prepared: Prepared) -> None:
-        from nvdp.plugin.health import HealthMonitor
-        from nvdp.plugin.xid_policy import policy_from_config
+        from nvdp.plugin.health import monitor_for
 
         manager = self.manager
         assert manager is not None
@@ -280,17 +277,15 @@ class PluginProcess:
         def on_health(unhealthy: frozenset[str], changes: Sequence[Change]) -> None:
             manager.set_health(unhealthy, "; ".join(sorted({c.reason for c in changes})))
 
-        config = prepared.config
-        self.health = HealthMonitor(prepared.inventory, policy_from_config(config), self.open_ledger(config),
-                                    on_health, self.log, recorder=self.recorder,
-                                    state_dir=config.flags.plugin.health_state_dir)
+        self.health = monitor_for(prepared.config, prepared.inventory, self.open_ledger(prepared.config),
+                                  on_health, self.log, recorder=self.recorder, writer="nvidia-device-plugin")
         self.health.start()
 
-    def record_active(self, chosen: Chosen | None) -> None:
+    def record_active(self, prepared: Prepared, chosen: Chosen | None) -> None:
         """The config going in force, for nvdp_config_active. Set before any resource registers, so a
         scrape that sees the resources also sees the config they come from."""
-        if self.source:
-            self.recorder.config_active(self.source, (chosen.entry or "") if chosen is not None else "")
+        entry = (chosen.entry or "") if chosen is not None else ""
+        self.recorder.config_active(prepared.config.source, entry)
 
     # --- the process -------------------------------------------------------------------------
 
