@@ -57,9 +57,10 @@ FIX_INCOMPLETE = (
     "them again"
 )
 FIX_UNHEALTHY = (
-    "a device leaves the pool when the plugin finds it unhealthy (an XID, a GPU fallen off the bus): see "
-    "the plugin's log and the node's Events (`kubectl describe node <node>`); once the GPU is fixed "
-    "(`nvidia-smi -r` or a reboot), restart the plugin pod, which reads the GPUs again as healthy"
+    "a device leaves the pool while the plugin holds its GPU down (an XID, a GPU fallen off the bus) and "
+    "returns by itself when the GPU recovers: `nvdp health` in the DRA plugin's container says which "
+    "GPU, why and what brings it back (the quiet period, a reset with `nvidia-smi -r`, or `nvdp health "
+    "clear` for a flapping one); the node's Events (`kubectl describe node <node>`) tell the same"
 )
 FIX_BOTH = (
     "in device-plugin mode the DRA plugin deletes this node's slices: see its log ('This node is in "
