@@ -28,6 +28,7 @@ from nvdp.config.loader import ConfigError, load_config  # noqa: E402
 from sim.kubelet import KubeletSim  # noqa: E402
 from sim.mps import BIN_DIR as MPS_SIM_BIN  # noqa: E402
 from sim.nvml import NodeSim  # noqa: E402
+from sim.processes import running  # noqa: E402
 
 CONFIG_VARIABLES = ("CONFIG_FILE", "DEVICE_PLUGIN_PATH", "KUBELET_SOCKET", "MPS_ROOT", "MPS_CONTAINER_ROOT")
 TIMESTAMPS = ("time", "monotonic")
@@ -104,17 +105,8 @@ def mps_daemon(config: str | None, env: dict[str, str], workdir: Path) -> Iterat
     env.update(PATH=f"{MPS_SIM_BIN}{os.pathsep}{env.get('PATH', '')}", MPS_ROOT=str(root),
                MPS_CONTAINER_ROOT=str(root))
     log_path = workdir / "mps-daemon.log"
-    with open(log_path, "wb") as log:
-        daemon = subprocess.Popen([sys.executable, "-m", "nvdp.mps.main"], env=env, stdout=log,
-                                  stderr=subprocess.STDOUT)
-        try:
-            yield log_path
-        finally:
-            daemon.send_signal(signal.SIGTERM)
-            try:
-                daemon.wait(15)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
+    with running([sys.executable, "-m", "nvdp.mps.main"], env, log_path):
+        yield log_path
 
 
 def main(argv: list[str] | None = None) -> int:

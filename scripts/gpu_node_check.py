@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -389,6 +388,7 @@ class Context:
                extra_env: dict[str, str] | None = None) -> Iterator[tuple[Any, Path, dict[str, str]]]:
         """The real plugin process serving a kubelet simulator, stopped with SIGTERM afterwards."""
         from sim.kubelet import KubeletSim
+        from sim.processes import running
 
         plugin_dir = self.workdir / f"device-plugins-{name}"
         env = dict(self.env, DEVICE_PLUGIN_PATH=str(plugin_dir))
@@ -400,22 +400,12 @@ class Context:
             env.update(MPS_ROOT=str(mps_root), MPS_CONTAINER_ROOT=str(mps_root))
         env.update(extra_env or {})
         log_path = self.workdir / f"plugin-{name}.log"
-        with KubeletSim(plugin_dir) as kubelet, open(log_path, "wb") as log:
-            started = time.perf_counter()
-            process = subprocess.Popen([sys.executable, "-m", "nvdp.plugin.main"], env=env, stdout=log,
-                                       stderr=subprocess.STDOUT)
-            kubelet.started = started  # type: ignore[attr-defined]
-            kubelet.process = process  # type: ignore[attr-defined]
-            try:
+        with KubeletSim(plugin_dir) as kubelet:
+            kubelet.started = time.perf_counter()  # type: ignore[attr-defined]
+            argv = [sys.executable, "-m", "nvdp.plugin.main"]
+            with running(argv, env, log_path, stop_timeout=20) as process:
+                kubelet.process = process  # type: ignore[attr-defined]
                 yield kubelet, log_path, env
-            finally:
-                if process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-                try:
-                    kubelet.exit_code = process.wait(20)  # type: ignore[attr-defined]
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    kubelet.exit_code = "killed after 20 s"  # type: ignore[attr-defined]
 
     def serve_report(self, kubelet: Any, log_path: Path, timeout: float = 20) -> Report:
         out: Report = {}
@@ -441,21 +431,14 @@ class Context:
 
     @contextmanager
     def mps_daemon(self, root: Path, config: str) -> Iterator[Path]:
+        from sim.processes import running
+
         path = self.workdir / "mps-daemon.yaml"
         path.write_text(config)
         env = dict(self.env, MPS_ROOT=str(root), MPS_CONTAINER_ROOT=str(root), CONFIG_FILE=str(path))
         log_path = self.workdir / "mps-daemon.log"
-        with open(log_path, "wb") as log:
-            daemon = subprocess.Popen([sys.executable, "-m", "nvdp.mps.main"], env=env, stdout=log,
-                                      stderr=subprocess.STDOUT)
-            try:
-                yield log_path
-            finally:
-                daemon.send_signal(signal.SIGTERM)
-                try:
-                    daemon.wait(30)
-                except subprocess.TimeoutExpired:
-                    daemon.kill()
+        with running([sys.executable, "-m", "nvdp.mps.main"], env, log_path, stop_timeout=30):
+            yield log_path
 
 
 def _client_env(response: Report, env: dict[str, str]) -> dict[str, str]:
