@@ -21,9 +21,11 @@ fails does not hide the others:
               daemon and the plugin with 4 MPS replicas, then a CUDA client (python3 + torch) run
               with the environment the plugin's Allocate gave; compute mode restored after
   xid         only with --xid: a CUDA kernel that faults (python3 + cupy), every XID counted: the
-              GPU goes Unhealthy on the driver's XID and comes back after a 3 s quiet period
+              GPU goes Unhealthy on the driver's XID and comes back after a 3 s quiet period;
+              with --nvidia-plugin BINARY, NVIDIA's plugin beside it sees the same XID
 
-    python scripts/gpu_node_check.py [--out DIR] [--mps] [--xid] [--sim PROFILE] [--stages a,b]
+    python scripts/gpu_node_check.py [--out DIR] [--mps] [--xid [--nvidia-plugin BINARY]]
+                                     [--sim PROFILE] [--stages a,b]
 
 `--sim PROFILE` runs every stage against the stand-in NVML instead (for trying the script where
 there is no GPU). The report goes to stdout and, with --out, to DIR/gpu-node-check.json.
@@ -42,7 +44,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -275,14 +277,23 @@ def stage_recovery(ctx: Context) -> Report:
 def stage_xid(ctx: Context) -> Report:
     """A real XID, end to end: a CUDA kernel writes to an unmapped address (the driver reports an XID,
     13 or 31, for the faulting context), with every XID counted (DP_ENABLE_HEALTHCHECKS=all): the
-    plugin takes the GPU down and brings it back after a 3 s quiet period through the NVML re-check."""
+    plugin takes the GPU down and brings it back after a 3 s quiet period through the NVML re-check.
+    With --nvidia-plugin, NVIDIA's plugin serves its own kubelet simulator beside it and sees the same
+    XID."""
     state_dir = ctx.workdir / "health-xid"
     extra = {"HEALTH_STATE_DIR": str(state_dir), "HEALTH_RECOVERY_AFTER": "3s",
              "DP_ENABLE_HEALTHCHECKS": "all"}
     out: Report = {}
-    with ctx.plugin("xid", None, extra_env=extra) as (kubelet, log_path, _env):
-        resource = _first_resource(kubelet, 20)
-        kubelet.wait_for_resource(resource, healthy=1, timeout=10)
+    with ExitStack() as stack:
+        kubelet, log_path, _env = stack.enter_context(ctx.plugin("xid", None, extra_env=extra))
+        kubelets = {"nvdp": kubelet}
+        if ctx.nvidia_plugin is not None:
+            every_xid = {"DP_ENABLE_HEALTHCHECKS": "all"}
+            kubelets["nvidia"], nvidia_log = stack.enter_context(ctx.nvidia(every_xid))
+        for name, each in kubelets.items():
+            resource = _first_resource(each, 20)
+            devices = each.wait_for_resource(resource, healthy=1, timeout=10)
+            out[f"{name}_allocate"] = each.allocate(resource, [[devices[0]["id"]]])
         started = time.monotonic()
         # On the stand-in, its own XID stands in for the kernel's.
         faulting = ["python3", "-c", FAULTING_KERNEL] if SIM_ENV not in os.environ else [
@@ -291,7 +302,12 @@ def stage_xid(ctx: Context) -> Report:
         env = dict(ctx.env, PYTHONPATH=f"{ROOT}{os.pathsep}{ctx.env['PYTHONPATH']}")
         client = subprocess.Popen(faulting, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True)
-        out["timeline"] = _health_timeline(kubelet, started, until=started + 60, leave="Unhealthy")
+        # Watched until nvdp's GPU is back, and NVIDIA's for 10 s more.
+        timelines = _health_timelines(kubelets, started, until=started + 60, leave="Unhealthy", linger=10)
+        out["timeline"] = timelines["nvdp"]
+        if "nvidia" in timelines:
+            out["nvidia_timeline"] = timelines["nvidia"]
+            out["nvidia_log"] = nvidia_log.read_text()[-3000:]
         output, _ = client.communicate(timeout=60)
         out["faulting_client"] = {"exit": client.returncode, "output_tail": output.strip()[-400:]}
         out["log"] = log_path.read_text()[-3000:]
@@ -309,20 +325,37 @@ def _first_resource(kubelet: Any, timeout: float) -> str:
     return str(kubelet.registrations[0]["resource_name"])
 
 
-def _health_timeline(kubelet: Any, started: float, until: float, leave: str = ""
-                     ) -> list[tuple[float, str]]:
+def _health_timeline(kubelet: Any, started: float, until: float, leave: str = "") -> list[tuple[float, str]]:
     """(seconds since `started`, the device's health) at each change, until it is Healthy after having
     been `leave` (given) or at all (not given), or `until`."""
-    timeline: list[tuple[float, str]] = []
-    while time.monotonic() < until:
-        devices = [d for name in kubelet.resources() for d in kubelet.devices(name)]
-        health = devices[0]["health"] if devices else "no device list"
-        if not timeline or timeline[-1][1] != health:
-            timeline.append((round(time.monotonic() - started, 2), health))
-        if health == "Healthy" and (not leave or any(h == leave for _, h in timeline)):
-            break
+    return _health_timelines({"one": kubelet}, started, until, leave)["one"]
+
+
+def _health_timelines(kubelets: dict[str, Any], started: float, until: float, leave: str = "",
+                      linger: float = 0.0) -> dict[str, list[tuple[float, str]]]:
+    """Each kubelet's timeline (as _health_timeline), watched together: until the first kubelet's device
+    is Healthy after having been `leave` (or at all), then `linger` seconds more for the others (whose
+    last entry is their health at the end); or until `until`."""
+    timelines: dict[str, list[tuple[float, str]]] = {name: [] for name in kubelets}
+    first = next(iter(kubelets))
+    done_at: float | None = None
+    while time.monotonic() < until and (done_at is None or time.monotonic() < done_at + linger):
+        for name, kubelet in kubelets.items():
+            devices = [d for resource in kubelet.resources() for d in kubelet.devices(resource)]
+            health = devices[0]["health"] if devices else "no device list"
+            timeline = timelines[name]
+            if not timeline or timeline[-1][1] != health:
+                timeline.append((round(time.monotonic() - started, 2), health))
+        back = timelines[first][-1][1] == "Healthy"
+        if done_at is None and back and (not leave or any(h == leave for _, h in timelines[first])):
+            done_at = time.monotonic()
+            if not linger:
+                break
         time.sleep(0.05)
-    return timeline
+    for name, timeline in timelines.items():
+        if name != first and timeline:
+            timeline.append((round(time.monotonic() - started, 2), timeline[-1][1]))
+    return timelines
 
 
 def stage_mps(ctx: Context) -> Report:
@@ -362,8 +395,9 @@ STAGES: dict[str, Callable[[Context], Report]] = {
 class Context:
     """What the stages share: the environment the nvdp processes get, a work folder, the inventory."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, nvidia_plugin: Path | None = None) -> None:
         self.workdir = workdir
+        self.nvidia_plugin = nvidia_plugin
         self.env = dict(os.environ)
         paths = [str(ROOT / "src"), self.env.get("PYTHONPATH")]
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
@@ -406,6 +440,28 @@ class Context:
             with running(argv, env, log_path, stop_timeout=20) as process:
                 kubelet.process = process  # type: ignore[attr-defined]
                 yield kubelet, log_path, env
+
+    @contextmanager
+    def nvidia(self, extra_env: dict[str, str]) -> Iterator[tuple[Any, Path]]:
+        """NVIDIA's plugin serving a kubelet simulator of its own. It has the kubelet's folder built in,
+        so it runs in a private mount namespace where that folder is the simulator's
+        (../shared/upstream/run_in_ns.sh, or a copy beside the binary; root)."""
+        from sim.kubelet import KubeletSim
+        from sim.processes import running
+
+        assert self.nvidia_plugin is not None
+        in_namespace = next((p for p in (self.nvidia_plugin.parent / "run_in_ns.sh",
+                                         ROOT.parent / "shared" / "upstream" / "run_in_ns.sh") if p.exists()),
+                            None)
+        if in_namespace is None:
+            raise FileNotFoundError("run_in_ns.sh is neither beside --nvidia-plugin nor in "
+                                    "../shared/upstream")
+        sockets = self.workdir / "nvidia-device-plugins"
+        log_path = self.workdir / "nvidia-plugin.log"
+        argv = ["bash", str(in_namespace), str(sockets), str(self.nvidia_plugin), "--fail-on-init-error=true"]
+        env = dict(self.env, NS_OVL_DIR=str(self.workdir / "nvidia-ns"), **extra_env)
+        with KubeletSim(sockets) as kubelet, running(argv, env, log_path, stop_timeout=20):
+            yield kubelet, log_path
 
     def serve_report(self, kubelet: Any, log_path: Path, timeout: float = 20) -> Report:
         out: Report = {}
@@ -497,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the report as JSON into this folder")
     parser.add_argument("--mps", action="store_true", help="also run the MPS stage (changes compute modes)")
     parser.add_argument("--xid", action="store_true", help="also run the XID stage (faults a CUDA context)")
+    parser.add_argument("--nvidia-plugin", type=Path, metavar="BINARY",
+                        help="NVIDIA's nvidia-device-plugin: the xid stage runs it beside nvdp (root)")
     parser.add_argument("--sim", metavar="PROFILE", help="use the stand-in NVML with this node profile")
     parser.add_argument("--stages", help="comma-separated subset of: " + ",".join(STAGES))
     args = parser.parse_args(argv)
@@ -507,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sim and SIM_ENV not in os.environ:
         return _run_on_stand_in(args.sim, argv if argv is not None else sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="nvdp-gpu-check-") as tmp:
-        ctx = Context(Path(tmp))
+        ctx = Context(Path(tmp), args.nvidia_plugin)
         for name in names:
             started = time.perf_counter()
             try:

@@ -4,18 +4,23 @@ between the times it meets a real driver."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 T4 = "GPU-a4d98c34-f034-41fa-9519-b5bab976e4df"
+UPSTREAM = Path(os.environ.get("NVDP_UPSTREAM_SHARED", ROOT.parent / "shared" / "upstream"))
 
 
-def run_check(out: Path, stages: str) -> dict[str, Any]:
+def run_check(out: Path, stages: str, *more: str) -> dict[str, Any]:
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_node_check.py"), "--sim", "t4",
-                           "--stages", stages, "--out", str(out)],
+                           "--stages", stages, "--out", str(out), *more],
                           capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report: dict[str, Any] = json.loads((out / "gpu-node-check.json").read_text())
@@ -46,3 +51,20 @@ def test_the_recovery_and_xid_stages_follow_the_gpu_down_and_back(tmp_path: Path
     assert reset["timeline"][-1][1] == "Unhealthy", "a fault that needs a reset is not back on time alone"
     assert "needs-reset" in reset["nvdp_health"] and reset["after_clear"][-1][1] == "Healthy"
     assert [health for _, health in stages["xid"]["timeline"]][-2:] == ["Unhealthy", "Healthy"]
+
+
+def test_nvidias_plugin_beside_it_keeps_the_gpu_down_after_the_same_xid(tmp_path: Path) -> None:
+    if not (UPSTREAM / "setup.sh").exists():
+        pytest.skip(f"NVIDIA's plugin is not at {UPSTREAM} (NVDP_UPSTREAM_SHARED)")
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("NVIDIA's plugin runs in a private mount namespace: needs root and unshare")
+    env = {**os.environ, "UPSTREAM_DIR": str(ROOT / ".build" / "nvidia-upstream")}
+    unpacked = subprocess.run(["bash", str(UPSTREAM / "setup.sh")], capture_output=True, text=True,
+                              check=True, env=env)
+    binary = Path(unpacked.stdout.strip()) / "bin" / "nvidia-device-plugin"
+    xid = run_check(tmp_path, "xid", "--nvidia-plugin", str(binary))["xid"]
+    assert xid["nvidia_allocate"] == xid["nvdp_allocate"]
+    assert [health for _, health in xid["timeline"]][-2:] == ["Unhealthy", "Healthy"]
+    nvidia = xid["nvidia_timeline"]
+    assert "Unhealthy" in [health for _, health in nvidia] and nvidia[-1][1] == "Unhealthy"
+    assert nvidia[-1][0] - xid["timeline"][-1][0] >= 9, "NVIDIA's was watched for 10 s after nvdp's came back"
