@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,13 +38,10 @@ class DemoError(Exception):
 
 
 def first_resource(kubelet: KubeletSim, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        names = [r["resource_name"] for r in kubelet.registrations]
-        if names:
-            return str(names[0])
-        time.sleep(0.02)
-    raise DemoError(f"the plugin did not register with the kubelet within {timeout:g}s")
+    try:
+        return kubelet.wait_for_registration(timeout)
+    except TimeoutError:
+        raise DemoError(f"the plugin did not register with the kubelet within {timeout:g}s") from None
 
 
 def run(profile: str, config: str | None, workdir: Path) -> None:

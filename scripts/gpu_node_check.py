@@ -45,6 +45,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,7 @@ def stage_inventory(ctx: Context) -> Report:
 def stage_recheck(ctx: Context) -> Report:
     import pynvml
 
-    from nvdp.health.checks import check_gpu
+    from nvdp.health.checks import FIELD_RECOVERY_ACTION, MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC, check_gpu
 
     pynvml.nvmlInit()
     try:
@@ -107,8 +108,8 @@ def stage_recheck(ctx: Context) -> Report:
                     pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h)),
                 "remapped_rows": lambda h=handle: list(pynvml.nvmlDeviceGetRemappedRows(h)),
                 "uncorrected_ecc_volatile": lambda h=handle: int(
-                    pynvml.nvmlDeviceGetTotalEccErrors(h, 1, 0)),
-                "recovery_action_field": lambda h=handle: _field(pynvml, h, 230),
+                    pynvml.nvmlDeviceGetTotalEccErrors(h, MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC)),
+                "recovery_action_field": lambda h=handle: _field(pynvml, h, FIELD_RECOVERY_ACTION),
             }
             raw = {name: _reading(pynvml, read) for name, read in readings.items()}
             check = check_gpu(pynvml, gpu.uuid)
@@ -234,8 +235,8 @@ def stage_cdi(ctx: Context) -> Report:
 def stage_plugin(ctx: Context) -> Report:
     out: Report = {}
     for name, text in (("default", None), ("time-slicing-x4", TIME_SLICING_X4)):
-        with ctx.plugin(name, text) as (kubelet, log_path, _env):
-            out[name] = ctx.serve_report(kubelet, log_path)
+        with ctx.plugin(name, text) as served:
+            out[name] = served.report()
     return out
 
 
@@ -257,7 +258,8 @@ def stage_recovery(ctx: Context) -> Report:
         ledger.fault(gpu, [gpu], Cause(describe(xid), xid_info(xid).remedy, xid), now)
         write_state(str(state_dir), "nvidia-device-plugin", ledger.record(), now)
         extra = {"HEALTH_STATE_DIR": str(state_dir), "HEALTH_RECOVERY_AFTER": "3s"}
-        with ctx.plugin(f"recovery-{xid}", None, extra_env=extra) as (kubelet, log_path, _env):
+        with ctx.plugin(f"recovery-{xid}", None, extra_env=extra) as served:
+            kubelet = served.kubelet
             started = time.monotonic()
             timeline = _health_timeline(kubelet, started, until=started + 10)
             step: Report = {"timeline": timeline}
@@ -269,7 +271,7 @@ def stage_recovery(ctx: Context) -> Report:
                                           str(state_dir), "clear", gpu], env=ctx.env)
                 step["after_clear"] = _health_timeline(kubelet, cleared, until=cleared + 10)
                 clear.wait(10)
-            step["log"] = log_path.read_text()[-2500:]
+            step["log"] = served.log_path.read_text()[-2500:]
         out[f"xid-{xid}"] = step
     return out
 
@@ -285,13 +287,13 @@ def stage_xid(ctx: Context) -> Report:
              "DP_ENABLE_HEALTHCHECKS": "all"}
     out: Report = {}
     with ExitStack() as stack:
-        kubelet, log_path, _env = stack.enter_context(ctx.plugin("xid", None, extra_env=extra))
-        kubelets = {"nvdp": kubelet}
+        served = stack.enter_context(ctx.plugin("xid", None, extra_env=extra))
+        kubelets = {"nvdp": served.kubelet}
         if ctx.nvidia_plugin is not None:
             every_xid = {"DP_ENABLE_HEALTHCHECKS": "all"}
             kubelets["nvidia"], nvidia_log = stack.enter_context(ctx.nvidia(every_xid))
         for name, each in kubelets.items():
-            resource = _first_resource(each, 20)
+            resource = each.wait_for_registration(20)
             devices = each.wait_for_resource(resource, healthy=1, timeout=10)
             out[f"{name}_allocate"] = each.allocate(resource, [[devices[0]["id"]]])
         started = time.monotonic()
@@ -310,19 +312,10 @@ def stage_xid(ctx: Context) -> Report:
             out["nvidia_log"] = nvidia_log.read_text()[-3000:]
         output, _ = client.communicate(timeout=60)
         out["faulting_client"] = {"exit": client.returncode, "output_tail": output.strip()[-400:]}
-        out["log"] = log_path.read_text()[-3000:]
+        out["log"] = served.log_path.read_text()[-3000:]
     kernel = subprocess.run(["dmesg"], capture_output=True, text=True, check=False)
     out["kernel_xids"] = [line for line in kernel.stdout.splitlines() if "Xid" in line][-5:] or kernel.stderr
     return out
-
-
-def _first_resource(kubelet: Any, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while not kubelet.registrations:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the plugin did not register in {timeout:g} s")
-        time.sleep(0.02)
-    return str(kubelet.registrations[0]["resource_name"])
 
 
 def _health_timeline(kubelet: Any, started: float, until: float, leave: str = "") -> list[tuple[float, str]]:
@@ -363,12 +356,11 @@ def stage_mps(ctx: Context) -> Report:
         return {"skipped": "nvidia-cuda-mps-control is not on PATH"}
     out: Report = {"compute_mode_before": _compute_modes(ctx)}
     root = ctx.workdir / "mps"
-    with ctx.mps_daemon(root, MPS_X4) as daemon_log, ctx.plugin("mps-x4", MPS_X4, mps_root=root) as (
-            kubelet, log_path, env):
-        out["serve"] = ctx.serve_report(kubelet, log_path, timeout=60)
+    with ctx.mps_daemon(root, MPS_X4) as daemon_log, ctx.plugin("mps-x4", MPS_X4, mps_root=root) as served:
+        out["serve"] = served.report(timeout=60)
         out["compute_mode_serving"] = _compute_modes(ctx)
         response = out["serve"].get("allocate", {})
-        client_env = _client_env(response, env)
+        client_env = _client_env(response, served.env)
         out["client_env"] = {k: v for k, v in client_env.items() if k.startswith(("CUDA_", "NVIDIA_"))}
         started = time.perf_counter()
         client = subprocess.run(["python3", "-c", CUDA_CLIENT], env=client_env, capture_output=True,
@@ -390,6 +382,33 @@ STAGES: dict[str, Callable[[Context], Report]] = {
     "dra": stage_dra, "gfd": stage_gfd, "doctor": stage_doctor, "cdi": stage_cdi, "plugin": stage_plugin,
     "recovery": stage_recovery, "mps": stage_mps, "xid": stage_xid,
 }
+
+
+@dataclass(frozen=True)
+class Served:
+    """The real plugin process serving a kubelet simulator (Context.plugin)."""
+
+    kubelet: Any  # sim.kubelet.KubeletSim
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    env: dict[str, str]
+    started: float  # time.perf_counter() just before the process was spawned
+
+    def report(self, timeout: float = 20) -> Report:
+        """Registration time, devices, one Allocate and a GetPreferredAllocation, and the log."""
+        try:
+            resource = self.kubelet.wait_for_registration(timeout, alive=lambda: self.process.poll() is None)
+        except TimeoutError as err:
+            return {"error": f"{err} (exit {self.process.poll()})",
+                    "log_tail": self.log_path.read_text()[-3000:]}
+        out: Report = {"registered_s": round(time.perf_counter() - self.started, 2), "resource": resource}
+        devices = self.kubelet.wait_for_resource(resource, timeout=10)
+        out["devices"] = [{"id": d["id"], "health": d["health"]} for d in devices]
+        out["allocate"] = self.kubelet.allocate(resource, [[devices[0]["id"]]])
+        if len(devices) > 1:
+            out["preferred_2"] = self.kubelet.preferred(resource, [d["id"] for d in devices], [], 2)
+        out["log"] = self.log_path.read_text()[-4000:]
+        return out
 
 
 class Context:
@@ -419,7 +438,7 @@ class Context:
 
     @contextmanager
     def plugin(self, name: str, config: str | None, mps_root: Path | None = None,
-               extra_env: dict[str, str] | None = None) -> Iterator[tuple[Any, Path, dict[str, str]]]:
+               extra_env: dict[str, str] | None = None) -> Iterator[Served]:
         """The real plugin process serving a kubelet simulator, stopped with SIGTERM afterwards."""
         from sim.kubelet import KubeletSim
         from sim.processes import running
@@ -435,11 +454,10 @@ class Context:
         env.update(extra_env or {})
         log_path = self.workdir / f"plugin-{name}.log"
         with KubeletSim(plugin_dir) as kubelet:
-            kubelet.started = time.perf_counter()  # type: ignore[attr-defined]
+            started = time.perf_counter()
             argv = [sys.executable, "-m", "nvdp.plugin.main"]
             with running(argv, env, log_path, stop_timeout=20) as process:
-                kubelet.process = process  # type: ignore[attr-defined]
-                yield kubelet, log_path, env
+                yield Served(kubelet, process, log_path, env, started)
 
     @contextmanager
     def nvidia(self, extra_env: dict[str, str]) -> Iterator[tuple[Any, Path]]:
@@ -462,28 +480,6 @@ class Context:
         env = dict(self.env, NS_OVL_DIR=str(self.workdir / "nvidia-ns"), **extra_env)
         with KubeletSim(sockets) as kubelet, running(argv, env, log_path, stop_timeout=20):
             yield kubelet, log_path
-
-    def serve_report(self, kubelet: Any, log_path: Path, timeout: float = 20) -> Report:
-        out: Report = {}
-        deadline = time.monotonic() + timeout
-        while not kubelet.registrations and time.monotonic() < deadline:
-            if kubelet.process.poll() is not None:
-                break
-            time.sleep(0.01)
-        if not kubelet.registrations:
-            out["error"] = f"no registration in {timeout:g} s (exit {kubelet.process.poll()})"
-            out["log_tail"] = log_path.read_text()[-3000:]
-            return out
-        out["registered_s"] = round(time.perf_counter() - kubelet.started, 2)
-        resource = kubelet.registrations[0]["resource_name"]
-        devices = kubelet.wait_for_resource(resource, timeout=10)
-        out["resource"] = resource
-        out["devices"] = [{"id": d["id"], "health": d["health"]} for d in devices]
-        out["allocate"] = kubelet.allocate(resource, [[devices[0]["id"]]])
-        if len(devices) > 1:
-            out["preferred_2"] = kubelet.preferred(resource, [d["id"] for d in devices], [], 2)
-        out["log"] = log_path.read_text()[-4000:]
-        return out
 
     @contextmanager
     def mps_daemon(self, root: Path, config: str) -> Iterator[Path]:
@@ -560,10 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     optional = {"mps": args.mps, "xid": args.xid}
     names = args.stages.split(",") if args.stages else [s for s in STAGES if optional.get(s, True)]
-    report: Report = {"host": os.uname().nodename, "python": sys.version.split()[0], "stages": {}}
-    failed = 0
     if args.sim and SIM_ENV not in os.environ:
         return _run_on_stand_in(args.sim, argv if argv is not None else sys.argv[1:])
+    report: Report = {"host": os.uname().nodename, "python": sys.version.split()[0], "stages": {}}
+    failed = 0
     with tempfile.TemporaryDirectory(prefix="nvdp-gpu-check-") as tmp:
         ctx = Context(Path(tmp), args.nvidia_plugin)
         for name in names:

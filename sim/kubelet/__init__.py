@@ -152,6 +152,20 @@ class KubeletSim:
             plugin = self._plugins.get(name)
             return {} if plugin is None else dict(plugin.options)
 
+    def wait_for_registration(self, timeout: float = 5.0, alive: Callable[[], bool] | None = None) -> str:
+        """Block until a plugin has registered; returns the first registration's resource name.
+        TimeoutError when none came within `timeout`, or as soon as `alive()` says the plugin is gone."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while not self.registrations:
+                left = deadline - time.monotonic()
+                gone = alive is not None and not alive()
+                if left <= 0 or gone:
+                    why = "the plugin exited" if gone else f"no plugin registered within {timeout:g}s"
+                    raise TimeoutError(why)
+                self._lock.wait(min(left, 0.05))
+            return str(self.registrations[0]["resource_name"])
+
     def wait_for_resource(
         self, name: str, count: int | None = None, healthy: int | None = None, timeout: float = 5.0
     ) -> list[Event]:
