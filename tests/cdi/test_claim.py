@@ -1,5 +1,5 @@
 """Per-claim CDI specs (DRA mode): names after NVIDIA's DRA driver, the device plugin's edits for the same
-devices, NVIDIA_VISIBLE_DEVICES listing the claim's devices, validity, and the spec files."""
+devices, NVIDIA_VISIBLE_DEVICES=void as NVIDIA writes it, validity, and the spec files."""
 
 from __future__ import annotations
 
@@ -62,12 +62,6 @@ def plugin_common_edits(cfg: Config, inventory: Inventory = INVENTORY) -> dict[s
     return common
 
 
-def with_visible(common: dict[str, Any], value: str) -> dict[str, Any]:
-    env = [f"NVIDIA_VISIBLE_DEVICES={value}" if e == "NVIDIA_VISIBLE_DEVICES=void" else e
-           for e in common["env"]]
-    return {**common, "env": env}
-
-
 # --- names ---------------------------------------------------------------------------------------------
 
 
@@ -101,9 +95,9 @@ def test_a_claim_with_one_gpu() -> None:
     assert document["kind"] == "k8s.gpu.nvidia.com/claim"
     assert document["cdiVersion"] == "0.7.0"  # additionalGids of the DRM nodes
     assert [d["name"] for d in document["devices"]] == [f"{UID}-gpu-0"]
-    # The device plugin's edits for the same GPU, and its common edits naming the claim's GPU.
+    # The device plugin's edits for the same GPU, and its common edits.
     assert device_edits(document, f"{UID}-gpu-0") == GPU0_EDITS
-    assert document["containerEdits"] == with_visible(plugin_common_edits(cfg), GPU0.uuid)
+    assert document["containerEdits"] == plugin_common_edits(cfg)
     assert f"NVIDIA_CTK_LIBCUDA_DIR={LIB}" in document["containerEdits"]["env"]
     assert claim_cdi_ids(spec) == {"gpu-0": f"k8s.gpu.nvidia.com/claim={UID}-gpu-0"}
     assert claim_cdi_ids(spec, UID) == claim_cdi_ids(spec)
@@ -119,8 +113,7 @@ def test_a_claim_with_two_gpus() -> None:
     assert device_edits(document, f"{UID}-gpu-1") == {"deviceNodes": [
         {"path": "/dev/nvidia1", "hostPath": "/dev/nvidia1", "major": 195, "minor": 1, "fileMode": 438,
          "permissions": "rwm"}]}
-    # In the claim's order.
-    assert f"NVIDIA_VISIBLE_DEVICES={GPU1.uuid},{GPU0.uuid}" in document["containerEdits"]["env"]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in document["containerEdits"]["env"]
     assert claim_cdi_ids(spec, UID) == {
         "gpu-0": f"k8s.gpu.nvidia.com/claim={UID}-gpu-0",
         "gpu-1": f"k8s.gpu.nvidia.com/claim={UID}-gpu-1",
@@ -133,15 +126,25 @@ def test_a_claim_with_a_gpu_and_a_mig_device() -> None:
     spec = claim_spec(config(), INVENTORY, FACTS, UID, devices)
     document = as_json(spec)
     assert device_edits(document, f"{UID}-gpu-1-mig-1g10gb-19-0") == MIG_EDITS
-    assert f"NVIDIA_VISIBLE_DEVICES={GPU0.uuid},{MIG.uuid}" in document["containerEdits"]["env"]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in document["containerEdits"]["env"]
     assert set(claim_cdi_ids(spec)) == {"gpu-0", "gpu-1-mig-1g10gb-19-0"}
+
+
+def test_the_claims_gpus_are_not_named_in_nvidia_visible_devices() -> None:
+    # A legacy nvidia-container-runtime hook reads NVIDIA_VISIBLE_DEVICES and injects what it names;
+    # with the CDI devices doing that, a device list there would inject the GPUs a second time.
+    devices = [ClaimDevice(name="gpu-0", gpu=GPU0),
+               ClaimDevice(name="gpu-1-mig-1g10gb-19-0", gpu=GPU1, mig=MIG)]
+    env = as_json(claim_spec(config(), INVENTORY, FACTS, UID, devices))["containerEdits"]["env"]
+    assert [e for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert not [e for e in env if GPU0.uuid in e or MIG.uuid in e], env
 
 
 def test_a_device_named_twice_is_one_cdi_device() -> None:
     twice = [ClaimDevice("gpu-0", GPU0), ClaimDevice("gpu-0", GPU0)]
     spec = claim_spec(config(), INVENTORY, FACTS, UID, twice)
     assert [d.name for d in spec.devices] == [f"{UID}-gpu-0"]
-    assert f"NVIDIA_VISIBLE_DEVICES={GPU0.uuid}" in spec.container_edits.env
+    assert "NVIDIA_VISIBLE_DEVICES=void" in spec.container_edits.env
 
 
 def test_hooks_and_feature_flags_are_the_device_plugins() -> None:
@@ -151,7 +154,7 @@ def test_hooks_and_feature_flags_are_the_device_plugins() -> None:
     edits = device_edits(document, f"{UID}-gpu-0")
     assert "additionalGids" not in edits
     assert edits["hooks"][0]["path"] == "/opt/nvidia/nvidia-cdi-hook"
-    assert document["containerEdits"] == with_visible(plugin_common_edits(cfg), GPU0.uuid)
+    assert document["containerEdits"] == plugin_common_edits(cfg)
 
 
 def test_a_claim_without_devices_is_refused() -> None:
@@ -206,7 +209,7 @@ def test_a_mig_device_on_h100_mig_8(tmp_path: Path, inventory: Inventory) -> Non
     plugin_doc = json.loads(encode(gpu_spec))
     for cdi_name, uuid in ((f"{UID}-{name}", mig.uuid), (f"{UID}-{other_name}", other.uuid)):
         assert device_edits(document, cdi_name) == device_edits(plugin_doc, uuid)
-    assert f"NVIDIA_VISIBLE_DEVICES={mig.uuid},{other.uuid}" in document["containerEdits"]["env"]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in document["containerEdits"]["env"]
     assert claim_cdi_ids(spec, UID) == {name: f"k8s.gpu.nvidia.com/claim={UID}-{name}",
                                         other_name: f"k8s.gpu.nvidia.com/claim={UID}-{other_name}"}
 

@@ -5,7 +5,9 @@ Pure. As NVIDIA's DRA driver does, each claim gets a transient spec of its own, 
 `<claim uid>-<device name>` (`k8s.gpu.nvidia.com/claim=<uid>-gpu-0`): a name is never reused for
 another claim, so a runtime that caches specs cannot hand out a stale one. A device's edits are the
 device plugin's for the same GPU or MIG device, and the common edits are the driver's, with
-NVIDIA_VISIBLE_DEVICES listing the claim's devices.
+`NVIDIA_VISIBLE_DEVICES=void` as NVIDIA writes it: the CDI devices carry the GPUs, and on a node whose
+runtime is nvidia-container-runtime in legacy mode a device list there would have the runtime's hook
+inject the same GPUs a second time.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def claim_spec(config: Config, inventory: Inventory, facts: HostFacts, claim_uid
                container_edits=builder.gpu_edits(d.gpu) if d.mig is None else builder.mig_edits(d.gpu, d.mig))
         for d in unique
     ]
-    common = builder.common(visible_devices=",".join(d.uuid for d in unique))
+    common = builder.common()  # NVIDIA_VISIBLE_DEVICES=void
     if extra is not None:
         common = join(common, extra)
     return finish_spec(CLAIM_KIND, cdi_devices, common)
