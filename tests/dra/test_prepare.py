@@ -361,3 +361,103 @@ def test_invalid_sharing_config_is_refused_with_the_field_and_nothing_prepared(t
     error = p.prepare([ref(bad)])["u1"].error
     assert "invalid sharing config" in error and "defaultActiveThreadPercentage" in error
     assert specs.files == {} and mps.using == {} and p.prepared() == {}
+
+
+# --- admin access (KEP-5018) -------------------------------------------------------------------------
+
+
+def admin_claim(name: str, uid: str, *devices: str, namespace: str = "monitoring") -> dict[str, Any]:
+    """A claim whose request has `adminAccess: true`: the scheduler writes it on each result."""
+    c = claim(name, uid, *devices, namespace=namespace)
+    for result in c["status"]["allocation"]["devices"]["results"]:
+        result["adminAccess"] = True
+    return c
+
+
+def test_admin_access_gets_a_device_another_claim_holds(tmp_path: Path) -> None:
+    holder, admin = claim("a", "ua", "gpu-0"), admin_claim("debug", "ud", "gpu-0")
+    specs = Specs()
+    p = preparer(tmp_path, Cluster(holder, admin), specs)
+    assert p.prepare([ref(holder)])["ua"].error == ""
+    answer = p.prepare([ref(admin)])["ud"]
+    assert answer.error == ""
+    (device,) = answer.devices
+    assert (device.device, device.cdi_ids) == ("gpu-0", ("k8s.gpu.nvidia.com/claim=ud-gpu-0",))
+    assert specs.files == {"ua": ["gpu-0"], "ud": ["gpu-0"]}
+    # the holder's retried prepare still answers its own device
+    assert p.prepare([ref(holder)])["ua"].devices[0].device == "gpu-0"
+
+
+def test_an_admin_claim_holds_nothing(tmp_path: Path) -> None:
+    # prepared first (the holder's pod not started yet, or gone), it keeps no claim from the device
+    admin, a, b = admin_claim("debug", "ud", "gpu-0"), claim("a", "ua", "gpu-0"), claim("b", "ub", "gpu-0")
+    specs = Specs()
+    p = preparer(tmp_path, Cluster(admin, a, b), specs)
+    assert p.prepare([ref(admin)])["ud"].error == ""
+    assert p.prepare([ref(a)])["ua"].error == ""
+    # ... and is no second allocation: a normal claim on a device a normal claim holds is still refused
+    assert "already prepared for claim default/a (uid ua)" in p.prepare([ref(b)])["ub"].error
+    # a restarted plugin knows the admin device from its checkpoint
+    p.unprepare([ref(a)])
+    restarted = preparer(tmp_path, Cluster(admin, a, b), specs)
+    restarted.restore(None)
+    assert restarted.prepared()["ud"].devices[0].admin_access
+    assert restarted.prepare([ref(b)])["ub"].error == ""
+
+
+def test_unprepare_of_an_admin_claim_leaves_the_holder_alone(tmp_path: Path) -> None:
+    holder, admin = claim("a", "ua", "gpu-0"), admin_claim("debug", "ud", "gpu-0")
+    specs = Specs()
+    p = preparer(tmp_path, Cluster(holder, admin), specs)
+    p.prepare([ref(holder), ref(admin)])
+    assert p.unprepare([ref(admin)]) == {"ud": ""}
+    assert specs.files == {"ua": ["gpu-0"]} and list(p.prepared()) == ["ua"]
+    # the device is still the holder's
+    other = claim("b", "ub", "gpu-0")
+    p2 = preparer(tmp_path, Cluster(holder, other), specs)
+    p2.restore(None)
+    assert "already prepared for claim default/a" in p2.prepare([ref(other)])["ub"].error
+
+
+MPS_NODE = {"gpu-0": DraDevice(name="gpu-0", kind="gpu", uuid="GPU-0", gpu_uuid="GPU-0", attributes={},
+                                capacity={"memory": {"value": str(16 * 2**30)}}, resource="nvidia.com/gpu",
+                                replicas=4, sharing="mps")}
+
+
+def mps_node_preparer(tmp_path: Path, cluster: Cluster, specs: Specs, mps: FakeMps) -> ClaimPreparer:
+    """The node's sharing config shares gpu-0 through MPS: every claim on it joins the daemon."""
+    from nvdp.dra.sharing import NodeSharing
+
+    sharing = NodeSharing(driver=DRIVER, mps=mps, log=LOG, no_mps_reason="",  # type: ignore[arg-type]
+                          timeslice=lambda gpu, interval: None)
+    return ClaimPreparer(driver=DRIVER, pool=NODE, checkpoint_path=str(tmp_path / "checkpoint.json"),
+                         lock_path=str(tmp_path / "pu.lock"), specs=specs, get_claim=cluster.get,
+                         view=lambda: NodeView(MPS_NODE), log=LOG, sharing=sharing)
+
+
+def test_an_admin_claim_takes_no_part_in_the_gpus_mps_or_replicas(tmp_path: Path) -> None:
+    holder, admin = shared_claim("a", "u1", "s1"), admin_claim("debug", "ud", "gpu-0")
+    specs, mps = Specs(), FakeMps()
+    p = mps_node_preparer(tmp_path, Cluster(holder, admin), specs, mps)
+    assert not p.prepare([ref(holder)])["u1"].error
+    assert mps.using == {"u1": ("GPU-0",)}
+    # the admin claim sees the GPU itself: it is no MPS client, and its spec has no MPS pipe or limits
+    assert p.prepare([ref(admin)])["ud"].error == ""
+    assert mps.using == {"u1": ("GPU-0",)}
+    assert specs.edits["ud"] == ContainerEdits()
+    assert p.prepared()["ud"].share.mps_gpus == ()
+    # another replica joins the holder's daemon as before
+    other = shared_claim("b", "u2", "s2")
+    p2 = mps_node_preparer(tmp_path, Cluster(holder, admin, other), specs, mps)
+    p2.restore(None)
+    assert p2.prepare([ref(other)])["u2"].error == ""
+    assert mps.using == {"u1": ("GPU-0",), "u2": ("GPU-0",)}
+    # unpreparing the admin claim keeps the holders' daemon
+    assert p2.unprepare([ref(admin)]) == {"ud": ""}
+    assert mps.using == {"u1": ("GPU-0",), "u2": ("GPU-0",)}
+
+
+def test_an_admin_claim_on_an_unhealthy_device_is_refused(tmp_path: Path) -> None:
+    admin = admin_claim("debug", "ud", "gpu-0")
+    answer = preparer(tmp_path, Cluster(admin), Specs(), frozenset({"GPU-0"})).prepare([ref(admin)])["ud"]
+    assert "device gpu-0 is unhealthy" in answer.error

@@ -57,13 +57,16 @@ class ClaimRef(Struct, frozen=True):
     name: str
 
 
-class PreparedDevice(Struct, frozen=True):
+class PreparedDevice(Struct, frozen=True, omit_defaults=True):
     """One device handed to a prepared claim, as the kubelet receives it."""
 
     request_names: tuple[str, ...]
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    # Allocated for admin access (KEP-5018): handed out beside the claim that holds the device, which
+    # it never keeps from anyone (not sent to the kubelet; kept in the checkpoint for the later checks).
+    admin_access: bool = False
 
 
 class PrepareResult(Struct, frozen=True):

@@ -10,7 +10,9 @@ update waits its turn), and follows the order that keeps a crash at any point re
    by another prepared claim or be unhealthy;
 3. the claim's sharing is worked out (its and its classes' GpuConfig, else the node's sharing config);
    a device another prepared claim holds is refused unless the scheduler shared it (a replica of a
-   shared GPU, with a share ID), and claims on one GPU must agree on MPS;
+   shared GPU, with a share ID), and claims on one GPU must agree on MPS. A device allocated for admin
+   access (KEP-5018: monitoring and debug pods) is prepared beside the claim holding it, holds
+   nothing itself and takes no part in the GPU's sharing (no interval set, no MPS daemon joined);
 4. the checkpoint records `PrepareStarted`, the sharing is applied (time slice, MPS daemon), the CDI
    spec is written with the sharing's edits, then `PrepareCompleted` with the claim's share.
 
@@ -220,6 +222,8 @@ class ClaimPreparer:
 
     def _refuse_held_or_unhealthy(self, claim_uid: str, what: str, results: Sequence[Allocated],
                                   view: NodeView, share: ClaimShare) -> None:
+        # A device given for admin access (KEP-5018) is prepared beside whichever claim holds it, and
+        # neither holds nor shares it: it is left out of both checks, on this claim's side and on others'.
         mine = {view.devices[r.device].gpu_uuid for r in results if not r.admin_access}
         for result in results:
             if view.unhealthy_device(result.device):
@@ -230,14 +234,16 @@ class ClaimPreparer:
             # A replica of a shared GPU: the scheduler gave it to several claims, each with a share ID.
             shared = view.devices[result.device].shared and bool(result.share_id)
             for uid, other in self._claims.items():
-                if uid != claim_uid and not shared and any(d.device == result.device for d in other.devices):
+                if uid != claim_uid and not shared and any(d.device == result.device and not d.admin_access
+                                                           for d in other.devices):
                     raise ClaimProblem(
                         f"{what}: device {result.device} is already prepared for "
                         f"{describe(other.namespace, other.name, uid)}; two claims were allocated the same "
                         "device (a scheduler race, or a claim deleted while this plugin was down): it is "
                         "handed out again once that claim is unprepared")
         for uid, other in self._claims.items():
-            theirs = {view.devices[d.device].gpu_uuid for d in other.devices if d.device in view.devices}
+            theirs = {view.devices[d.device].gpu_uuid for d in other.devices
+                      if d.device in view.devices and not d.admin_access}
             both = sorted(mine & theirs)
             if uid == claim_uid or not both or other.share.mps_gpus == share.mps_gpus:
                 continue
@@ -251,14 +257,17 @@ class ClaimPreparer:
                 "once that one is unprepared")
 
     def _claimed(self, results: Sequence[Allocated], view: NodeView) -> list[DraDevice]:
-        return [view.devices[name] for name in dict.fromkeys(r.device for r in results)]
+        """The devices whose sharing the claim takes part in: an admin-access device gets none (no
+        time slice set, no MPS daemon joined), so it is never counted as a user of the holder's GPU."""
+        return [view.devices[name] for name in dict.fromkeys(r.device for r in results if not r.admin_access)]
 
     def _write_spec(self, uid: str, results: Sequence[Allocated], view: NodeView,
                     extra: ContainerEdits | None = None) -> tuple[PreparedDevice, ...]:
         unique = list(dict.fromkeys(r.device for r in results))
         names = self._specs.write(uid, [view.devices[d] for d in unique], extra) if unique else {}
         return tuple(PreparedDevice(request_names=(r.request,), pool=r.pool, device=r.device,
-                                    cdi_ids=(names[r.device],)) for r in results)
+                                    cdi_ids=(names[r.device],), admin_access=r.admin_access)
+                     for r in results)
 
     def _devices_of(self, entry: ClaimEntry) -> list[DraDevice]:
         view = self._view()
