@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import io
 import json
+import logging
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import kubernetes_validate
 import pytest
 
 from nvdp.dra import cli
+from nvdp.dra.pool import DEFAULT_MODE_ENV
+from nvdp.inventory.profile import load_profile
 from sim.nvml import PROFILES_DIR
 
 
@@ -75,3 +81,98 @@ def test_bad_config_and_bad_profile_files(tmp_path: Path) -> None:
     profile.write_text("driver_version: '1'\ncuda_driver_version: '12.4'\ngpus: 3\n")
     code, _, err = run("--node", str(profile))
     assert code == 2 and "gpus: expected a list" in err and err.count("\n") == 1
+
+
+# --- the preview is what the plugin publishes ----------------------------------------------------
+
+PROFILES = sorted(PROFILES_DIR.glob("*.yaml"))
+VALID_CONFIGS = sorted((Path(__file__).parents[1] / "config" / "valid").iterdir())
+NODE = "node-1"
+
+
+class _ApiServerSlices:
+    """The slices the DRA plugin's SlicePublisher writes, kept by name (the API calls it makes are
+    replaced; what it computes and decides to write is its own)."""
+
+    def __init__(self) -> None:
+        self.slices: dict[str, dict[str, Any]] = {}
+
+    def find(self, client: object, *, node: str, driver: str) -> list[dict[str, Any]]:
+        return [obj for obj in self.slices.values()
+                if obj["spec"]["nodeName"] == node and obj["spec"]["driver"] == driver]
+
+    def write(self, client: object, obj: dict[str, Any]) -> dict[str, Any]:
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["resourceVersion"] = str(len(self.slices) + 1)
+        self.slices[stored["metadata"]["name"]] = stored
+        return copy.deepcopy(stored)
+
+    def delete(self, client: object, name: str) -> None:
+        self.slices.pop(name, None)
+
+    def published(self) -> list[dict[str, Any]]:
+        """As `nvdp dra slices` prints them: without the server's and the owner's metadata."""
+        out = []
+        for name in sorted(self.slices):
+            obj = copy.deepcopy(self.slices[name])
+            obj["metadata"] = {"name": name}
+            out.append(obj)
+        return out
+
+
+def _plugin_publishes(profile: Path, config: Path | None, default_mode: str,
+                      monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]] | str:
+    """What nvidia-dra-plugin publishes for `profile` under `config`, through its own code: the config
+    it loads, the devices it prepares, the mode it enters and its SlicePublisher. The GPUs come from
+    the profile (NVML's stand-in reads the same file); the CDI facts and IMEX channels, which a
+    profile does not describe and the slices do not depend on, are not read. A config the plugin
+    refuses gives the refusal's text."""
+    from nvdp.dra.main import DraProcess, build_parser
+    from nvdp.dra.publish import SlicePublisher
+    from nvdp.mode import ModeGate
+    from nvdp.plugin.errors import StartupError
+
+    server = _ApiServerSlices()
+    monkeypatch.setattr("nvdp.plugin.prepare.discover", lambda _config: load_profile(profile))
+    monkeypatch.setattr("nvdp.cdi.host.discover_host", lambda *_a, **_k: SimpleNamespace(warnings=()))
+    monkeypatch.setattr("nvdp.plugin.imex.channels_on_node", lambda config, log=None: config)
+    monkeypatch.setattr("nvdp.dra.publish.list_slices", server.find)
+    monkeypatch.setattr("nvdp.dra.publish.create_slice", server.write)
+    monkeypatch.setattr("nvdp.dra.publish.replace_slice", server.write)
+    monkeypatch.setattr("nvdp.dra.publish.delete_slice", server.delete)
+    monkeypatch.setattr("nvdp.dra.publish.get_node_uid", lambda _client, _node: "node-uid")
+    env = {"NODE_NAME": NODE, DEFAULT_MODE_ENV: default_mode}
+    args = build_parser(env).parse_args(["--config-file", str(config)] if config is not None else [])
+    log = logging.getLogger("test-dra-plugin")
+    process = DraProcess(args, env, log)
+    try:
+        process.serving = process.prepare(None)
+    except StartupError as err:
+        return str(err)
+    process.gate = ModeGate("dra", None, lambda *a, **k: None, log, per_node=False)
+    process.gate.enter(process.mode_of(None))
+    process.publisher = SlicePublisher(object(), node=NODE, driver=args.driver_name, log=log)  # type: ignore[arg-type]
+    process.publish()
+    return server.published()
+
+
+@pytest.mark.parametrize("default_mode", ["dra", "device-plugin"])
+def test_the_preview_is_what_the_plugin_publishes(default_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every profile of sim/profiles under every valid config (and the built-in defaults)."""
+    compared = refused = 0
+    for profile in PROFILES:
+        for config in [None, *VALID_CONFIGS]:
+            with monkeypatch.context() as patch:
+                plugin = _plugin_publishes(profile, config, default_mode, patch)
+            argv = ["--node", str(profile), "--node-name", NODE, "--default-mode", default_mode]
+            code, out, err = run(*argv, *(["--config", str(config)] if config is not None else []))
+            where = f"{profile.stem} under {config.name if config else 'defaults'}"
+            if isinstance(plugin, str):  # the plugin refuses the config: so does the preview
+                assert code == 2 and out == "", where
+                refused += 1
+                continue
+            assert code == 0, f"{where}: {err}"
+            assert json.loads(out) == plugin, where
+            compared += 1
+    assert compared + refused == len(PROFILES) * (len(VALID_CONFIGS) + 1)
+    assert compared > refused

@@ -6,8 +6,9 @@ import argparse
 import json
 import re
 import sys
-from typing import Any, TextIO
+from typing import Any, TextIO, get_args
 
+from nvdp.config.model import Mode
 from nvdp.dra.names import DEFAULT_DRIVER, check_driver_name
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -23,8 +24,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "slices",
         help="print the ResourceSlices a node would publish",
         description=(
-            "Print, as a JSON list, the ResourceSlices (resource.k8s.io/v1) the DRA driver would publish "
-            "for a node: its GPUs, or the MIG devices of GPUs with MIG enabled."
+            "Print, as a JSON list, the ResourceSlices (resource.k8s.io/v1) the DRA plugin would publish "
+            "for a node under a config, computed as the plugin computes them: its GPUs, or the MIG "
+            "devices of GPUs with MIG enabled, with the config's resource names and sharing. A node in "
+            "device-plugin mode publishes none (an empty list, and a warning with the fix on stderr)."
         ),
     )
     slices.add_argument(
@@ -33,7 +36,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         required=True,
         help="node profile: a YAML/JSON file, or the name of one in sim/profiles (e.g. t4)",
     )
-    slices.add_argument("--config", metavar="FILE", help="plugin config file, checked (default: built-in)")
+    slices.add_argument("--config", metavar="FILE", help="plugin config file (default: built-in defaults)")
+    slices.add_argument(
+        "--default-mode",
+        choices=get_args(Mode),
+        default="dra",
+        help="the mode of a node whose config sets no flags.mode: the chart's dra.defaultMode, env "
+        "NVDP_DEFAULT_MODE of the plugin (default %(default)s, as the chart's)",
+    )
     slices.add_argument(
         "--driver", default=DEFAULT_DRIVER, help=f"DRA driver name (default {DEFAULT_DRIVER})"
     )
@@ -43,12 +53,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Print the slices; bad input gives one line naming the cause and the fix, and exit status 2."""
+    """Print the slices; bad input gives one line naming the cause and the fix, and exit status 2.
+    Why the plugin would publish nothing (device-plugin mode, a MIG GPU without MIG devices) is a
+    warning on `err`, with the fix."""
     from nvdp.config.issues import ConfigError
     from nvdp.config.loader import load_config
-    from nvdp.dra.devices import dra_devices
-    from nvdp.dra.slices import desired_slices
+    from nvdp.dra.pool import DEFAULT_MODE_ENV, pool_devices, pool_warnings, published_slices
     from nvdp.inventory.profile import ProfileError, load_profile
+    from nvdp.mode import node_mode
+    from nvdp.plan import PlanError
     from nvdp.plan.cli import resolve_profile
 
     out = out or sys.stdout
@@ -67,7 +80,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if len(node) > 253 or not _DNS_SUBDOMAIN.match(node):
         return _fail(err, f"--node-name: {node!r} is not a node name; give a lower-case DNS subdomain")
     try:
-        load_config(args.config, {}, {})  # the devices do not depend on it; a broken one is still an error
+        # The preview ignores this shell's environment: the plugin's comes from the chart.
+        config = load_config(args.config, {}, {})
     except ConfigError as e:
         more = f" (and {len(e.issues) - 1} more)" if len(e.issues) > 1 else ""
         return _fail(err, f"--config: {e.issues[0]}{more}")
@@ -75,7 +89,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         inventory = load_profile(profile)
     except ProfileError as e:
         return _fail(err, f"--node: {e}; correct the profile")
-    slices = desired_slices(node=node, node_uid="", driver=args.driver, devices=dra_devices(inventory))
+    try:
+        devices = pool_devices(config, inventory)
+    except PlanError as e:
+        return _fail(err, f"--config: the config cannot be applied to node {profile.stem}'s GPUs: {e}")
+    mode = node_mode(config, {DEFAULT_MODE_ENV: args.default_mode})
+    for warning in pool_warnings(config, inventory, mode, default_is=f"--default-mode {args.default_mode}",
+                                 default_fix="--default-mode dra (the chart's dra.defaultMode)"):
+        print(f"nvdp dra slices: warning: {warning}", file=err)
+    slices = published_slices(mode, node=node, node_uid="", driver=args.driver, devices=devices)
     json.dump(slices, out, indent=2)
     out.write("\n")
     return 0

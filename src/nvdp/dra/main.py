@@ -142,8 +142,9 @@ class DraProcess:
         from nvdp.cdi.errors import CdiError
         from nvdp.cdi.host import discover_host
         from nvdp.dra.cdi_specs import ClaimSpecWriter
-        from nvdp.dra.devices import dra_devices, with_plan
-        from nvdp.plan import PlanError, plan
+        from nvdp.dra.devices import by_name
+        from nvdp.dra.pool import pool_devices
+        from nvdp.plan import PlanError
         from nvdp.plugin.imex import channels_on_node
         from nvdp.plugin.prepare import discover, load_config
 
@@ -159,17 +160,15 @@ class DraProcess:
         for warning in facts.warnings:
             self.log.warning("CDI: %s", warning)
         try:
-            # The device plugin's plan of the same config: the resource names the extended-resource
-            # classes select on, and the replicas of GPUs the config shares.
-            node_plan = plan(config, inventory)
+            devices = by_name(pool_devices(config, inventory))
         except PlanError as err:
             raise StartupError(f"invalid config for this node's GPUs: {err}") from None
-        devices = {d.name: d for d in with_plan(dra_devices(inventory), node_plan)}
         specs = ClaimSpecWriter(self.args.cdi_root, config, inventory, facts)
         return Serving(config, inventory, devices, specs)
 
     def switch(self, chosen: Chosen | None) -> None:
         """The per-node rule's switch: put `chosen` in force, or raise ConfigRefused serving as before."""
+        from nvdp.dra.pool import env_default_mode, pool_warnings
         from nvdp.nodechoice import ConfigRefused
 
         try:
@@ -188,6 +187,10 @@ class DraProcess:
             self.mps.node_replicas = mps_replicas(serving.devices.values())
         names = ", ".join(serving.devices) or "none"
         self.log.info("Devices: %s", names)
+        default_is, default_fix = env_default_mode(self.env)
+        for warning in pool_warnings(serving.config, serving.inventory, mode, default_is=default_is,
+                                     default_fix=default_fix):
+            self.log.warning("%s", warning)
         self.enter_mode(mode, serving)
         if first:
             return
