@@ -109,6 +109,7 @@ typedef struct {
     unsigned clique_id;
     int brand;     /* nvmlBrandType_t */
     unsigned arch; /* nvmlDeviceArchitecture_t */
+    int addressing; /* 0: NOT_SUPPORTED (not a coherent system); else nvmlDeviceAddressingModeType_t + 1 */
 } sim_gpu;
 
 #define HANDLE_MAGIC 0x4e564d4cu
@@ -259,6 +260,8 @@ static const char *brand_names[] = {"Unknown", "Quadro", "Tesla", "NVS", "Grid",
 static const char *arch_names[] = {NULL, NULL, "Kepler", "Maxwell", "Pascal", "Volta", "Turing", "Ampere",
                                    "Ada Lovelace", "Hopper", "Blackwell"};
 #define ARCH_UNKNOWN 0xFFFFFFFFu
+/* go-nvlib's GetAddressingModeAsString names, indexed by nvmlDeviceAddressingModeType_t. */
+static const char *addressing_names[] = {"None", "HMM", "ATS"};
 
 static int name_index(const char *const *names, int n, const char *name) {
     for (int k = 0; k < n; k++)
@@ -410,6 +413,12 @@ static int load_gpu(const jvalue *jg, int i) {
         else if (!strcmp(state, "in_progress")) gp->fabric_state = 2;
         else if (!strcmp(state, "completed")) gp->fabric_state = 3;
         else return perr("gpus[%d].fabric.state: not_started, in_progress or completed", i);
+    }
+    const jvalue *addressing = json_get(jg, "addressing_mode");
+    if (addressing && addressing->type == J_STR) {
+        int a = name_index(addressing_names, 3, addressing->str);
+        if (a < 0) return perr("gpus[%d].addressing_mode: None, HMM or ATS, got %s", i, addressing->str);
+        gp->addressing = a + 1;
     }
     const jvalue *migs = json_get(jg, "mig_devices");
     if (migs && migs->type == J_ARR) {
@@ -997,6 +1006,25 @@ EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t d, unsigned int *arch
     if (r) return r;
     if (!arch) return NVML_ERROR_INVALID_ARGUMENT;
     *arch = GPU(d)->arch;
+    return NVML_SUCCESS;
+}
+
+/* nvmlDeviceAddressingMode_v1_t: the caller sets the version, NVML fills in the mode. */
+typedef struct {
+    unsigned version;
+    unsigned value;
+} sim_addressing_mode;
+#define ADDRESSING_MODE_V1 0x1000008u
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
+
+/* Only coherent systems (GH200, GB200) report a mode; other GPUs and MIG handles: NOT_SUPPORTED. */
+EXPORT nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t d, sim_addressing_mode *mode) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+    if (mode->version != ADDRESSING_MODE_V1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (IS_MIG(d) || !GPU(d)->addressing) return NVML_ERROR_NOT_SUPPORTED;
+    mode->value = (unsigned)(GPU(d)->addressing - 1);
     return NVML_SUCCESS;
 }
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from nvdp.dra.devices import PCI_BUS_ID, PCIE_ROOT, DraDevice, by_name, dra_devices, semver
+from nvdp.dra.devices import ADDRESSING_MODE, PCI_BUS_ID, PCIE_ROOT, DraDevice, by_name, dra_devices, semver
 from nvdp.dra.names import check_driver_name, gpu_device_name, mig_device_name, rfc1123
 from nvdp.inventory.model import Gpu, Inventory, MigDevice
 from nvdp.inventory.profile import load_profile
@@ -137,7 +137,23 @@ def test_unknown_facts_are_left_out_not_made_up() -> None:
     gpu = Gpu(index=0, uuid="GPU-a", name="x", memory_bytes=1, compute_capability=(9, 0), minor=0,
               pci_bus_id="00000000:18:00.0")  # fmt: skip
     (device,) = dra_devices(Inventory(driver_version="", cuda_driver_version="12.4", gpus=(gpu,)))
-    assert {"brand", "architecture", "driverVersion", PCIE_ROOT}.isdisjoint(device.attributes)
+    unknown = {"brand", "architecture", "driverVersion", PCIE_ROOT, ADDRESSING_MODE}
+    assert unknown.isdisjoint(device.attributes)
+
+
+def test_coherent_systems_publish_their_addressing_mode_as_nvidia_names_it() -> None:
+    # NVIDIA's driver: the attribute `addressingMode`, go-nvlib's name of NVML's mode, on GPUs and on
+    # their MIG devices; absent where NVML does not support the call
+    assert {d.attributes[ADDRESSING_MODE]["string"] for d in devices("gb200-nvl-4")} == {"ATS"}
+    assert ADDRESSING_MODE not in devices("t4")[0].attributes
+    mig = MigDevice(uuid="MIG-a", index=0, parent_uuid="GPU-a", parent_index=0, profile="1g.12gb", gi_id=1,
+                    ci_id=0, memory_bytes=1)  # fmt: skip
+    for mode in ("HMM", "None"):  # supported but inactive is published too ("None")
+        gpu = Gpu(index=0, uuid="GPU-a", name="NVIDIA GH200 480GB", memory_bytes=1, compute_capability=(9, 0),
+                  minor=0, pci_bus_id="00000009:01:00.0", mig_capable=True, mig_enabled=True,
+                  mig_devices=(mig,), addressing_mode=mode)  # fmt: skip
+        (device,) = dra_devices(Inventory(driver_version="570.1.2", cuda_driver_version="12.8", gpus=(gpu,)))
+        assert device.kind == "mig" and device.attributes[ADDRESSING_MODE] == {"string": mode}
 
 
 def test_a_gpu_instance_with_two_compute_instances_is_published_once() -> None:

@@ -1,4 +1,5 @@
-"""Brand, architecture, PCIe root and GPU instance facts: from profiles, and through the stand-in NVML."""
+"""Brand, architecture, PCIe root, addressing mode and GPU instance facts: from profiles, and through the
+stand-in NVML."""
 
 from __future__ import annotations
 
@@ -105,6 +106,7 @@ def test_mig_facts_given_derived_and_shared_by_compute_instances() -> None:
         ({"brand": "Acme"}, "gpus[0].brand: expected one of Unknown, Quadro, Tesla"),
         ({"architecture": "Fermi"}, "gpus[0].architecture: expected one of Kepler"),
         ({"pcie_root": "0000:16"}, "gpus[0].pcie_root: expected a PCIe root complex like 'pci0000:16'"),
+        ({"addressing_mode": "ats"}, "gpus[0].addressing_mode: expected one of None, HMM, ATS, got 'ats'"),
     ],
 )
 def test_gpu_fact_errors(change: dict[str, Any], message: str) -> None:
@@ -151,6 +153,33 @@ def test_stand_in_nvml_reports_the_profiles_facts(
     ]  # fmt: skip
 
 
+def test_stand_in_nvml_reports_the_addressing_mode_of_coherent_systems(
+    tmp_path: Path, nvml_library: Path, run_py: RunPy
+) -> None:
+    # go-nvlib's names for NVML's HMM, ATS and NONE; a GPU whose profile gives none is not a coherent
+    # system: NOT_SUPPORTED, and no mode
+    doc = mig_profile([], mig_enabled=False)
+    base = doc["gpus"][0]
+    doc["gpus"] = [
+        {**base, "index": i, "uuid": f"GPU-{i}", "minor": i, "pci_bus_id": f"00000000:1{i}:00.0", **mode}
+        for i, mode in enumerate([{"addressing_mode": "ATS"}, {"addressing_mode": "HMM"},
+                                  {"addressing_mode": "None"}, {}])
+    ]  # fmt: skip
+    profile = tmp_path / "node.yaml"
+    profile.write_text(json.dumps(doc))
+    node = NodeSim(profile, tmp_path / "state")
+    result = run_py(DISCOVER, node.env)
+    assert result.returncode == 0, result.stderr
+    found = parse(result.stdout)
+    assert [g.addressing_mode for g in found.gpus] == ["ATS", "HMM", "None", ""]
+    assert found == node.inventory
+
+
+def test_the_gb200_profile_is_a_coherent_system() -> None:
+    assert {g.addressing_mode for g in load_profile(PROFILES_DIR / "gb200-nvl-4.yaml").gpus} == {"ATS"}
+    assert load_profile(PROFILES_DIR / "t4.yaml").gpus[0].addressing_mode == ""
+
+
 def test_pcie_root_from_sysfs_links(tmp_path: Path) -> None:
     device = tmp_path / "devices/pci0000:16/0000:16:01.0/0000:17:00.0"
     device.mkdir(parents=True)
@@ -181,6 +210,9 @@ def test_missing_calls_leave_the_defaults(monkeypatch: pytest.MonkeyPatch) -> No
     assert nvml._architecture(None, (9, 0)) == ""
     monkeypatch.setattr(pynvml, "nvmlDeviceGetBrand", raising(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND))
     assert nvml._brand(None) == ""
+    for absent in (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_NOT_SUPPORTED):
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetAddressingMode", raising(absent))
+        assert nvml._addressing_mode(None) == ""
     monkeypatch.setattr(pynvml, "nvmlDeviceGetGpuInstanceById", raising(pynvml.NVML_ERROR_NO_PERMISSION))
     assert nvml._gpu_instance(None, 3) == (None, None, None)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetGpuInstanceById", raising(pynvml.NVML_ERROR_GPU_IS_LOST))

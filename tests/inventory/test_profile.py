@@ -125,9 +125,9 @@ MIG_ON = {"mig_capable": True, "mig_enabled": True}
         ),
         (
             {"memory": 1},
-            "gpus[0]: unknown field 'memory' (known fields: architecture, brand, compute_capability, "
-            "compute_mode, fabric, index, memory_mib, mig_capable, mig_devices, mig_enabled, mig_pending, "
-            "minor, name, numa_node, pci_bus_id, pcie_root, uuid, xid_events)",
+            "gpus[0]: unknown field 'memory' (known fields: addressing_mode, architecture, brand, "
+            "compute_capability, compute_mode, fabric, index, memory_mib, mig_capable, mig_devices, "
+            "mig_enabled, mig_pending, minor, name, numa_node, pci_bus_id, pcie_root, uuid, xid_events)",
         ),
         (
             {"compute_mode": "EXCLUSIVE"},

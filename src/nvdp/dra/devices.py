@@ -20,6 +20,7 @@ from nvdp.plan.patterns import GPU_RESOURCE, mig_resource_name
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+ADDRESSING_MODE = "addressingMode"
 RESOURCE_ATTRIBUTE = "resource"
 MIB = 1024 * 1024
 # Masterminds/semver's loose form, which NVIDIA's driver parses versions with.
@@ -122,7 +123,7 @@ def _placement_order(mig: MigDevice) -> tuple[int, int]:
 
 
 def _common_attributes(gpu: Gpu, inventory: Inventory) -> Attributes:
-    """What a GPU and its MIG devices share: product, versions, PCI placement."""
+    """What a GPU and its MIG devices share: product, versions, PCI placement, addressing mode."""
     attrs: Attributes = {"productName": {"string": gpu.name}}
     if gpu.brand:
         attrs["brand"] = {"string": gpu.brand}
@@ -140,6 +141,10 @@ def _common_attributes(gpu: Gpu, inventory: Inventory) -> Attributes:
     attrs[PCI_BUS_ID] = {"string": pci_address(gpu.pci_bus_id)}
     if gpu.pcie_root is not None:
         attrs[PCIE_ROOT] = {"string": gpu.pcie_root}
+    # Coherent systems only (GH200, GB200): "HMM", "ATS", or "None" when supported but inactive; left
+    # out where NVML does not support the call, as NVIDIA's driver does.
+    if gpu.addressing_mode:
+        attrs[ADDRESSING_MODE] = {"string": gpu.addressing_mode}
     return attrs
 
 

@@ -42,6 +42,9 @@ ARCHITECTURES: dict[int, str] = {
     10: "Blackwell",
     0xFFFFFFFF: "Unknown",
 }
+# go-nvlib's GetAddressingModeAsString names, keyed by nvmlDeviceAddressingModeType_t. Only coherent
+# systems (GH200, GB200) report a mode at all; elsewhere NVML answers NOT_SUPPORTED.
+ADDRESSING_MODES: dict[int, str] = {0: "None", 1: "HMM", 2: "ATS"}
 # A100/H100-class GPUs split their memory into 8 slices; a GI placement counts in these.
 MEMORY_SLICES = 8
 # GPU instance profile ids as `nvidia-smi mig -lgip` lists them on A100/H100, by compute slices.

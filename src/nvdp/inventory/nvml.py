@@ -19,7 +19,7 @@ from uuid import UUID
 
 import pynvml
 
-from nvdp.inventory.facts import architecture_from_cc, architecture_name, brand_name
+from nvdp.inventory.facts import ADDRESSING_MODES, architecture_from_cc, architecture_name, brand_name
 from nvdp.inventory.library import LIBRARY_NAME, candidate_paths, find_library
 from nvdp.inventory.model import Fabric, Gpu, Inventory, Link, LostGpu, MigAttributes, MigDevice
 
@@ -215,7 +215,19 @@ def _read_gpu(index: int, uuid: str, handle: Any) -> Gpu:
         brand=_brand(handle),
         architecture=_architecture(handle, cc),
         pcie_root=pcie_root(bus_id),
+        addressing_mode=_addressing_mode(handle),
     )
+
+
+def _addressing_mode(handle: Any) -> str:
+    """go-nvlib's GetAddressingModeAsString: "HMM", "ATS" or "None"; "" where NVML does not support the
+    call (not a coherent system, or a driver without it) or answers a mode go-nvlib has no name for."""
+    try:
+        return ADDRESSING_MODES.get(int(pynvml.nvmlDeviceGetAddressingMode(handle)), "")
+    except pynvml.NVMLError as e:
+        if e.value in _ABSENT:
+            return ""
+        raise
 
 
 def _brand(handle: Any) -> str:

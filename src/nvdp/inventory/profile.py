@@ -17,6 +17,7 @@ import yaml
 from msgspec.structs import replace
 
 from nvdp.inventory.facts import (
+    ADDRESSING_MODES,
     ARCHITECTURES,
     BRANDS,
     MEMORY_SLICES,
@@ -38,7 +39,7 @@ _TOP_FIELDS = {"description", "driver_version", "cuda_driver_version", "gpus", "
 _GPU_FIELDS = {
     "index", "uuid", "name", "memory_mib", "compute_capability", "minor", "pci_bus_id", "numa_node",
     "mig_capable", "mig_enabled", "mig_pending", "mig_devices", "compute_mode", "xid_events", "fabric",
-    "brand", "architecture", "pcie_root",
+    "brand", "architecture", "pcie_root", "addressing_mode",
 }  # fmt: skip
 _FABRIC_FIELDS = {"cluster_uuid", "clique_id", "state"}
 _FABRIC_STATES = ("not_started", "in_progress", "completed")
@@ -160,6 +161,7 @@ def _gpu(raw: object, i: int) -> Gpu:
             raw, "architecture", where, ARCHITECTURES.values(), architecture_from_cc((major, minor))
         ),
         pcie_root=_pcie_root(raw.get("pcie_root"), where),
+        addressing_mode=_addressing_mode(raw, where),
     )
 
 
@@ -169,6 +171,13 @@ def _choice(raw: Mapping[str, Any], key: str, where: str, known: Iterable[str], 
     if value not in names:
         raise ProfileError(f"{_field(where, key)}: expected one of {', '.join(names)}, got {value!r}")
     return str(value)
+
+
+def _addressing_mode(raw: Mapping[str, Any], where: str) -> str:
+    """What nvmlDeviceGetAddressingMode answers; "" when absent: not a coherent system (NOT_SUPPORTED)."""
+    if "addressing_mode" not in raw:
+        return ""
+    return _choice(raw, "addressing_mode", where, ADDRESSING_MODES.values(), "")
 
 
 def _pcie_root(value: object, where: str) -> str | None:
