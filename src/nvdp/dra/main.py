@@ -270,7 +270,8 @@ class DraProcess:
 
         client = connect(self.args.kubeconfig)
         self.client = client
-        self.publisher = SlicePublisher(client, node=self.node, driver=self.driver, log=self.log)
+        self.publisher = SlicePublisher(client, node=self.node, driver=self.driver, log=self.log,
+                                        recorder=self.recorder)
         self.publish()
         self.publisher.start_watch()
         os.makedirs(self.plugin_dir, exist_ok=True)

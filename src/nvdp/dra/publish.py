@@ -4,8 +4,12 @@
 the API server holds, by `slice_content` (the spec without the pool generation): nothing differs, no
 write. Otherwise obsolete slices are deleted first, then every slice of the pool is written with the
 next pool generation (the scheduler uses only the slices of a pool's newest generation, so a pool is
-never seen half old, half new). While the watch runs and nothing changed since the last publish, a
-publish of the same devices sends no request at all.
+never seen half old, half new). That generation is above every slice found in the pool, within the
+API's int64 range: a slice someone else wrote at its top makes the pool start over at 1
+(`next_generation`), and a write that fails leaves the next one's generation as it was. While the
+watch runs and nothing changed since the last publish, a publish of the same devices sends no request
+at all. A publish that fails records the Warning Event `ResourceSlicePublishFailed` on the Node (through
+the process's Recorder), once per run of failures: the callers retry, and each retry must not add one.
 
 The watch (`start_watch`) re-publishes the last desired state when someone else deletes or changes
 the slices (the kubelet deletes all of a node's slices when it starts) and after every reconnect; the
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -41,14 +45,16 @@ T = TypeVar("T")
 # A write refused with 409 Conflict (someone changed a slice between the list and the write) is
 # retried from a fresh list this many times in all.
 ATTEMPTS = 3
+# ResourcePool.generation is an int64: the API server refuses a slice with a larger one.
+MAX_GENERATION = 2**63 - 1
+# The Warning Event on the Node when the slices cannot be published.
+PUBLISH_FAILED = "ResourceSlicePublishFailed"
 
 
 class EventSink(Protocol):
-    """What the publisher records Events with (nvdp.kube.EventRecorder has this shape)."""
+    """What the publisher records Events with: the process's nvdp.recording.Recorder (Node Events)."""
 
-    def warning(self, reason: str, message: str) -> bool: ...
-
-    def normal(self, reason: str, message: str) -> bool: ...
+    def event(self, reason: str, message: str, *, warning: bool = True) -> None: ...
 
 
 class PublishError(Exception):
@@ -65,7 +71,17 @@ def _version(obj: dict[str, Any]) -> str:
 
 def _generation(obj: dict[str, Any]) -> int:
     value = obj.get("spec", {}).get("pool", {}).get("generation", 0)
-    return value if isinstance(value, int) else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def next_generation(own: int, listed: Iterable[int]) -> int:
+    """The pool generation of the next write: above this publisher's last one and every slice of the
+    pool found, so the scheduler takes the new slices over all the old ones; 1 again when that would
+    pass the API's int64 range (only a slice someone else wrote can get there: nvdp would need 2**63
+    writes). Starting over is safe because every slice of the pool is rewritten, the obsolete ones
+    deleted first: until the last write the scheduler sees the old slices only, then the new ones."""
+    top = max([own, *listed])
+    return top + 1 if top < MAX_GENERATION else 1
 
 
 class SlicePublisher:
@@ -88,6 +104,7 @@ class SlicePublisher:
         self._echo_writes: set[tuple[str, str]] = set()  # (name, resourceVersion) written here
         self._echo_deletes: set[str] = set()
         self._watcher: SliceWatcher | None = None
+        self._failing = False  # the last publish failed: its Event was recorded, the next ones are not
 
     # -- the daemon's calls -------------------------------------------------------------------------
     def publish(self, devices: Sequence[DraDevice], unhealthy: frozenset[str]) -> int:
@@ -140,7 +157,20 @@ class SlicePublisher:
         return self._watcher is not None and self._watcher.connected.is_set()
 
     def _sync(self, listed: list[dict[str, Any]] | None) -> int:
-        """Bring the server to `_want`, from `listed` (None: list first); the writes made."""
+        """Bring the server to `_want`, from `listed` (None: list first); the writes made. A failure
+        records a Warning Event, once until a publish succeeds again (the callers retry it)."""
+        try:
+            writes = self._sync_attempts(listed)
+        except PublishError as err:
+            if not self._failing and self._recorder is not None:
+                self._recorder.event(PUBLISH_FAILED, f"this node's ResourceSlices of driver {self.driver} "
+                                     f"are not published (tried again until they are): {err}")
+            self._failing = True
+            raise
+        self._failing = False
+        return writes
+
+    def _sync_attempts(self, listed: list[dict[str, Any]] | None) -> int:
         for attempt in range(1, ATTEMPTS + 1):
             actual = listed if listed is not None else self._list()
             listed = None
@@ -175,9 +205,10 @@ class SlicePublisher:
             self._known = list(actual)
             return 0
         self._in_sync = False
-        self._generation = max([self._generation, *(_generation(obj) for obj in actual)]) + 1
+        # Kept only once written: a write refused for any reason must not raise the next one's generation.
+        generation = next_generation(self._generation, (_generation(obj) for obj in actual))
         desired = desired_slices(node=self.node, node_uid=node_uid, driver=self.driver, devices=devices,
-                                 unhealthy=unhealthy, generation=self._generation)
+                                 unhealthy=unhealthy, generation=generation)
         writes = 0
         # Obsolete slices go first: a pool briefly short of devices is safe, one with a device twice is not.
         for name in obsolete:
@@ -195,6 +226,7 @@ class SlicePublisher:
             self._echo_writes.add((name, _version(done)))
             current[name] = done
             writes += 1
+        self._generation = generation
         self._in_sync = True
         self._known = list(current.values())
         return writes
@@ -263,8 +295,6 @@ class SlicePublisher:
             writes = self._sync(listed)
         except PublishError as err:
             self._log.warning("%s; publishing again failed: %s", why, err)
-            if self._recorder is not None:
-                self._recorder.warning("ResourceSlicePublishFailed", str(err))
             return
         if writes:
             self._log.info("%s; published this node's pool again (%d API write%s)", why, writes,

@@ -1,0 +1,109 @@
+"""The slice publisher against a real kube-apiserver: a foreign slice at the top of the generation
+range, and a refused publish recorded as one Warning Event on the Node per failure streak."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from nvdp.dra.devices import DraDevice
+from nvdp.dra.publish import MAX_GENERATION, PUBLISH_FAILED, PublishError, SlicePublisher
+from nvdp.kube import connect, create_slice, replace_slice
+from nvdp.node_events import NodeEvents
+from nvdp.recording import Recorder
+from tests.kube.envtest import ControlPlane
+from tests.kube.test_dra_api import DRIVER, device_names, eventually, gpu, slices, unique
+
+pytestmark = pytest.mark.slow
+LOG = logging.getLogger("test.dra.publish")
+
+
+def events(plane: ControlPlane, namespace: str, name: str, reason: str) -> list[dict[str, Any]]:
+    found = plane.kubectl("get", "events", "-n", namespace, "-o", "json", "--field-selector",
+                          f"involvedObject.name={name},reason={reason}").stdout
+    return list(json.loads(found)["items"])
+
+
+def rogue_slice(node: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": DRIVER, "nodeName": node, "devices": [],
+                     "pool": {"name": node, "generation": MAX_GENERATION, "resourceSliceCount": 1}}}
+
+
+# -- the pool generation ---------------------------------------------------------------------------
+def test_a_foreign_slice_at_the_top_generation_is_removed_and_publishing_goes_on(
+        kube_api: ControlPlane) -> None:
+    node = unique("rogue")
+    kube_api.create_node(node)
+    pub = SlicePublisher(connect(kube_api.admin_kubeconfig), node=node, driver=DRIVER, log=LOG)
+    assert pub.publish([gpu(0)], frozenset()) == 1
+    ours = f"{node}-{DRIVER}-0"
+    pub.start_watch(connect(kube_api.admin_kubeconfig))
+    try:
+        assert pub._watcher is not None and pub._watcher.connected.wait(10)
+        admin = connect(kube_api.admin_kubeconfig)
+        create_slice(admin, rogue_slice(node, unique("rogue")))  # the API server takes an int64's top
+        eventually(lambda: [s["metadata"]["name"] for s in slices(kube_api, node)] == [ours],
+                   what="the foreign slice deleted")
+        # The pool goes on: every change is published, at generations the API server accepts.
+        assert pub.publish([gpu(0), gpu(1)], frozenset()) == 1
+        assert device_names(kube_api, node) == ["gpu-0", "gpu-1"]
+        (left,) = slices(kube_api, node)
+        assert left["spec"]["pool"]["generation"] < MAX_GENERATION
+        assert pub.publish([gpu(1)], frozenset()) == 1
+        assert device_names(kube_api, node) == ["gpu-1"]
+    finally:
+        pub.stop()
+
+
+def test_our_slice_set_to_the_top_generation_is_published_again_from_one(kube_api: ControlPlane) -> None:
+    node = unique("topgen")
+    kube_api.create_node(node)
+    pub = SlicePublisher(connect(kube_api.admin_kubeconfig), node=node, driver=DRIVER, log=LOG)
+    assert pub.publish([gpu(0)], frozenset()) == 1
+    (ours,) = slices(kube_api, node)
+    ours["spec"]["pool"]["generation"] = MAX_GENERATION
+    replace_slice(connect(kube_api.admin_kubeconfig), ours)
+    assert pub.publish([gpu(0), gpu(1)], frozenset()) == 1
+    (written,) = slices(kube_api, node)
+    assert written["spec"]["pool"]["generation"] == 1
+    assert pub.publish([gpu(1)], frozenset()) == 1
+    assert slices(kube_api, node)[0]["spec"]["pool"]["generation"] == 2
+
+
+# -- a refused publish: a Warning Event on the Node, once per failure streak -----------------------
+def invalid(minor: int, attribute: str) -> DraDevice:
+    # An attribute name the API server refuses (422): every write of the slice fails.
+    device = gpu(minor)
+    return DraDevice(name=device.name, kind="gpu", uuid=device.uuid, gpu_uuid=device.gpu_uuid,
+                     attributes={**device.attributes, attribute: {"string": "x"}}, capacity=device.capacity)
+
+
+def test_a_refused_publish_records_one_warning_on_the_node_per_failure_streak(kube_api: ControlPlane) -> None:
+    node = unique("refused")
+    kube_api.create_node(node)
+    writer = NodeEvents.from_env({}, LOG, component="nvidia-dra-plugin", node_name=node,
+                                 kubeconfig=str(kube_api.admin_kubeconfig))
+    assert writer is not None
+    recorder = Recorder(writer)
+    pub = SlicePublisher(connect(kube_api.admin_kubeconfig), node=node, driver=DRIVER, log=LOG,
+                         recorder=recorder)
+    for _ in range(3):  # the daemon retries every 10 s: one Event for the streak
+        with pytest.raises(PublishError, match="422"):
+            pub.publish([invalid(0, "bad name!")], frozenset())
+    assert pub.publish([gpu(0)], frozenset()) == 1
+    for _ in range(2):  # a new streak after a success: a new Event
+        with pytest.raises(PublishError, match="422"):
+            pub.publish([invalid(1, "also bad!")], frozenset())
+    recorder.close()  # sends what is queued
+    found = events(kube_api, "default", node, PUBLISH_FAILED)
+    assert len(found) == 2, [e["message"] for e in found]
+    for event in found:
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["kind"] == "Node"
+        assert event["source"]["component"] == "nvidia-dra-plugin"
+        assert "are not published" in event["message"] and "422" in event["message"]
+    assert sorted("also bad!" in e["message"] for e in found) == [False, True]
