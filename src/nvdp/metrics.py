@@ -1,10 +1,12 @@
-"""Prometheus series of the plugin and of the MPS control daemon: names, help, labels; nothing else.
+"""Prometheus series of the plugins and of the MPS control daemon: names, help, labels; nothing else.
 
 Each process has its own registry, so the plugin never exports the daemon's series and the other way
 round. Importing this module costs prometheus-client's import (about 40 ms, 5 MiB): processes import
 it only when metrics are on, through `nvdp.recording`, where the edges record into these series.
 Label values are bounded by the node (resource names, GPU UUIDs, XID codes, fixed reason words):
-never pod names, container IDs or replica IDs. docs/metrics.md lists every series.
+never pod names, container IDs, replica IDs or claim UIDs. The DRA kubelet plugin's series are
+NVIDIA's (`nvidia_dra_*`), so dashboards of NVIDIA's driver work unchanged; it shares the plugin's
+registry. docs/metrics.md lists every series.
 """
 
 from __future__ import annotations
@@ -89,6 +91,34 @@ CONFIG_LAST_RELOAD = Gauge(
 MPS_READY = Gauge(
     "nvdp_mps_daemon_ready", "1 while the MPS control daemon of an MPS-shared resource answers, else 0.",
     ["resource"], registry=PLUGIN,
+)
+
+# --- DRA kubelet plugin: NVIDIA's names, labels and buckets (k8s-dra-driver-gpu pkg/metrics) -----------
+# A "request" is one claim of a NodePrepareResources / NodeUnprepareResources call, as NVIDIA counts.
+
+DRA_REQUESTS = Counter(
+    "nvidia_dra_requests", "Total number of DRA prepare and unprepare requests.",
+    ["driver", "operation"], registry=PLUGIN,
+)
+DRA_REQUEST_DURATION = Histogram(
+    "nvidia_dra_request_duration_seconds", "Duration of DRA prepare and unprepare requests.",
+    ["driver", "operation"], buckets=tuple(0.05 * 2**k for k in range(9)), registry=PLUGIN,
+)
+DRA_REQUESTS_IN_FLIGHT = Gauge(
+    "nvidia_dra_requests_inflight", "Number of in-flight DRA prepare and unprepare requests.",
+    ["driver", "operation"], registry=PLUGIN,
+)
+DRA_PREPARED_DEVICES = Gauge(
+    "nvidia_dra_prepared_devices", "Current number of prepared devices by device type.",
+    ["node", "driver", "device_type"], registry=PLUGIN,
+)
+DRA_PREPARE_ERRORS = Counter(
+    "nvidia_dra_node_prepare_errors", "Total number of failures during DRA node prepare, by cause.",
+    ["driver", "error_type"], registry=PLUGIN,
+)
+DRA_UNPREPARE_ERRORS = Counter(
+    "nvidia_dra_node_unprepare_errors", "Total number of failures during DRA node unprepare, by cause.",
+    ["driver", "error_type"], registry=PLUGIN,
 )
 
 # --- MPS control daemon -----------------------------------------------------------------------------

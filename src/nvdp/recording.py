@@ -17,7 +17,7 @@ Recorder words the Events (what a kubectl user reads); the writer only sends the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -189,6 +189,43 @@ class Recorder:
         if self._series is not None:
             with contextlib.suppress(KeyError):
                 self._series.MPS_READY.remove(resource)
+
+    # --- DRA kubelet plugin (NVIDIA's nvidia_dra_* series) ------------------------------------
+
+    def dra_serving(self, driver: str, operations: Iterable[str]) -> None:
+        """The driver serves the kubelet: its request series exist from the start, at 0."""
+        m = self._series
+        if m is None:
+            return
+        for operation in operations:
+            m.DRA_REQUESTS.labels(driver, operation)
+            m.DRA_REQUEST_DURATION.labels(driver, operation)
+            m.DRA_REQUESTS_IN_FLIGHT.labels(driver, operation)
+
+    def dra_in_flight(self, driver: str, operation: str, claims: int) -> None:
+        """Claims of kubelet calls being answered: +n when a call comes in, -n once it is answered."""
+        if self._series is not None:
+            self._series.DRA_REQUESTS_IN_FLIGHT.labels(driver, operation).inc(claims)
+
+    def dra_answered(self, driver: str, operation: str, seconds: float, causes: Iterable[str]) -> None:
+        """A call answered: the failure cause of each of its claims, "" for a claim that succeeded.
+        Each success is a request, timed with the call's time; each failure counts under its cause."""
+        m = self._series
+        if m is None:
+            return
+        errors = m.DRA_PREPARE_ERRORS if operation == "prepare" else m.DRA_UNPREPARE_ERRORS
+        for cause in causes:
+            if cause:
+                errors.labels(driver, cause).inc()
+                continue
+            m.DRA_REQUESTS.labels(driver, operation).inc()
+            m.DRA_REQUEST_DURATION.labels(driver, operation).observe(seconds)
+
+    def dra_prepared(self, node: str, driver: str, devices: Mapping[str, int]) -> None:
+        """The devices prepared for claims now, by kind (gpu, mig); replaces the earlier counts."""
+        if self._series is not None:
+            for kind, count in devices.items():
+                self._series.DRA_PREPARED_DEVICES.labels(node, driver, kind).set(count)
 
     # --- MPS control daemon --------------------------------------------------------------------
 

@@ -13,9 +13,16 @@ from typing import Any
 
 from msgspec import Struct
 
+from nvdp.dra.causes import CLAIM_NOT_FOUND, INVALID_CLAIM
+
 
 class ClaimProblem(Exception):
-    """The claim cannot be prepared; the message names the claim, the cause and what to do."""
+    """The claim cannot be prepared; the message names the claim, the cause and what to do, and
+    `cause` is one of nvdp.dra.causes' words (a metric label)."""
+
+    def __init__(self, message: str, cause: str = INVALID_CLAIM) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class Allocated(Struct, frozen=True):
@@ -61,11 +68,11 @@ def check_claim(claim: Mapping[str, Any] | None, *, namespace: str, name: str, u
     what = describe(namespace, name, uid)
     if claim is None:
         raise ClaimProblem(f"{what} is not in the API server (deleted?); the kubelet retries while the pod "
-                           "still needs it")
+                           "still needs it", CLAIM_NOT_FOUND)
     found_uid = (claim.get("metadata") or {}).get("uid", "")
     if found_uid != uid:
         raise ClaimProblem(f"{what} was replaced: the API server has uid {found_uid} under that name; "
-                           "the pod that asked for the old claim must be re-created")
+                           "the pod that asked for the old claim must be re-created", CLAIM_NOT_FOUND)
     if not (claim.get("status") or {}).get("allocation"):
         raise ClaimProblem(f"{what} is not allocated yet (no status.allocation); the scheduler allocates "
                            "it before the pod is bound, so the kubelet's retry should find it")

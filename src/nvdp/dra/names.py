@@ -10,6 +10,8 @@ DEFAULT_DRIVER = "gpu.nvidia.com"
 MAX_DRIVER_NAME = 26
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _NOT_RFC1123 = re.compile(r"[^a-z0-9.-]")
+_GPU_NAME = re.compile(r"^gpu-\d+$")
+_MIG_NAME = re.compile(r"^gpu-\d+-mig-")
 
 
 def check_driver_name(name: str) -> str | None:
@@ -51,3 +53,10 @@ def mig_device_name(gpu: Gpu, mig: MigDevice) -> str:
     if mig.gi_profile_id is None or mig.placement_start is None:
         return f"gpu-{gpu.minor}-mig-{profile}-gi{mig.gi_id}-ci{mig.ci_id}"
     return f"gpu-{gpu.minor}-mig-{profile}-{mig.gi_profile_id}-{mig.placement_start}"
+
+
+def device_kind(name: str) -> str:
+    """The kind of a device named in the forms above, "gpu" or "mig"; "unknown" for any other name."""
+    if _GPU_NAME.match(name):
+        return "gpu"
+    return "mig" if _MIG_NAME.match(name) else "unknown"

@@ -30,8 +30,11 @@ from nvdp.dra.api import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_v1_pb2
 from nvdp.dra.api import dra_v1_pb2_grpc as _dra_v1_grpc
 from nvdp.dra.api import dra_v1beta1_pb2_grpc as _dra_v1beta1_grpc
 from nvdp.dra.api import pluginregistration_v1_pb2_grpc as _registration_grpc
+from nvdp.dra.causes import INTERNAL, PREPARE_CAUSES, UNPREPARE_DEVICES, cause_of
+from nvdp.dra.meter import PREPARE, UNPREPARE, Meter, Prepared
 from nvdp.plugin.grpc_import import grpc
 from nvdp.plugin.owned_socket import OwnedSocket, ServerStartError, accepts
+from nvdp.recording import Recorder
 
 # The generated service modules have no type hints.
 dra_v1_grpc: Any = _dra_v1_grpc
@@ -70,10 +73,12 @@ class PreparedDevice(Struct, frozen=True, omit_defaults=True):
 
 
 class PrepareResult(Struct, frozen=True):
-    """A claim's answer to NodePrepareResources: its devices, or why it failed (`error` non-empty)."""
+    """A claim's answer to NodePrepareResources: its devices, or why it failed (`error` non-empty,
+    and `cause`, one of nvdp.dra.causes.PREPARE_CAUSES, the kind of failure for the metrics)."""
 
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+    cause: str = ""
 
 
 Prepare = Callable[[Sequence[ClaimRef]], dict[str, PrepareResult]]  # keyed by claim uid
@@ -104,54 +109,74 @@ class _DraServicer:
     the whole call.
     """
 
-    def __init__(self, api: ModuleType, prepare: Prepare, unprepare: Unprepare, log: logging.Logger) -> None:
+    def __init__(self, api: ModuleType, prepare: Prepare, unprepare: Unprepare, log: logging.Logger,
+                 meter: Meter) -> None:
         self._api: Any = api
         self._prepare = prepare
         self._unprepare = unprepare
         self._log = log
+        self._meter = meter
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:
         refs = _refs(request.claims)
+        causes = [INTERNAL] * len(refs)  # until answered
+        started = self._meter.begin(PREPARE, len(refs))
         try:
-            results = self._prepare(refs)
-        except Exception as err:
-            self._log.error("Preparing claims %s failed: %s", [r.uid for r in refs], err)
-            results = {ref.uid: PrepareResult(error=f"preparing failed: {_error_text(err)}") for ref in refs}
-        response = self._api.NodePrepareResourcesResponse()
-        for ref in refs:
-            result = results.get(ref.uid)
-            if result is None:
-                result = PrepareResult(error=f"the driver gave no answer for claim {ref.uid}; retry")
-            entry = response.claims[ref.uid]
-            if result.error:
-                entry.error = result.error
-                continue
-            for device in result.devices:
-                # share_id (v1 only) stays unset: devices are not shared between claims.
-                entry.devices.add(
-                    request_names=list(device.request_names),
-                    pool_name=device.pool,
-                    device_name=device.device,
-                    cdi_device_ids=list(device.cdi_ids),
-                )
-        return response
+            try:
+                results = self._prepare(refs)
+            except Exception as err:
+                self._log.error("Preparing claims %s failed: %s", [r.uid for r in refs], err)
+                results = {ref.uid: PrepareResult(error=f"preparing failed: {_error_text(err)}",
+                                                  cause=cause_of(err)) for ref in refs}
+            response = self._api.NodePrepareResourcesResponse()
+            for i, ref in enumerate(refs):
+                result = results.get(ref.uid)
+                if result is None:
+                    result = PrepareResult(error=f"the driver gave no answer for claim {ref.uid}; retry")
+                entry = response.claims[ref.uid]
+                if result.error:
+                    entry.error = result.error
+                    causes[i] = result.cause if result.cause in PREPARE_CAUSES else INTERNAL
+                    continue
+                for device in result.devices:
+                    # share_id (v1 only) stays unset: devices are not shared between claims.
+                    entry.devices.add(
+                        request_names=list(device.request_names),
+                        pool_name=device.pool,
+                        device_name=device.device,
+                        cdi_device_ids=list(device.cdi_ids),
+                    )
+                causes[i] = ""
+            return response
+        finally:
+            self._meter.end(PREPARE, started, causes)
 
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
         refs = _refs(request.claims)
+        causes = [INTERNAL] * len(refs)
+        started = self._meter.begin(UNPREPARE, len(refs))
         try:
-            errors = self._unprepare(refs)
-        except Exception as err:
-            self._log.error("Unpreparing claims %s failed: %s", [r.uid for r in refs], err)
-            errors = {ref.uid: f"unpreparing failed: {_error_text(err)}" for ref in refs}
-        response = self._api.NodeUnprepareResourcesResponse()
-        for ref in refs:
-            error = errors.get(ref.uid)
-            if error is None:
-                error = f"the driver gave no answer for claim {ref.uid}; retry"
-            entry = response.claims[ref.uid]
-            if error:
-                entry.error = error
-        return response
+            try:
+                errors = self._unprepare(refs)
+            except Exception as err:
+                self._log.error("Unpreparing claims %s failed: %s", [r.uid for r in refs], err)
+                errors = {ref.uid: f"unpreparing failed: {_error_text(err)}" for ref in refs}
+            else:
+                causes = [UNPREPARE_DEVICES] * len(refs)
+            response = self._api.NodeUnprepareResourcesResponse()
+            for i, ref in enumerate(refs):
+                error = errors.get(ref.uid)
+                if error is None:
+                    error = f"the driver gave no answer for claim {ref.uid}; retry"
+                    causes[i] = INTERNAL
+                entry = response.claims[ref.uid]
+                if error:
+                    entry.error = error
+                else:
+                    causes[i] = ""
+            return response
+        finally:
+            self._meter.end(UNPREPARE, started, causes)
 
 
 class _RegistrationServicer:
@@ -247,8 +272,11 @@ class DraServer:
 
     def __init__(
         self, *, driver: str, plugin_dir: str, registry_dir: str, prepare: Prepare, unprepare: Unprepare,
-        log: logging.Logger, on_registered: Callable[[bool, str], None],
+        log: logging.Logger, on_registered: Callable[[bool, str], None], recorder: Recorder | None = None,
+        node: str = "", prepared: Prepared | None = None,
     ) -> None:
+        """`recorder` counts and times the kubelet's calls; `prepared` lists the claims prepared now
+        (for the prepared-devices gauge of `node`)."""
         self.driver = driver
         self.plugin_socket = plugin_socket_path(plugin_dir)
         self.registration_socket = registration_socket_path(registry_dir, driver)
@@ -260,8 +288,9 @@ class DraServer:
         info = registration_pb.PluginInfo(
             type=PLUGIN_TYPE, name=driver, endpoint=self.plugin_socket, supported_versions=SUPPORTED_VERSIONS
         )
-        v1 = _DraServicer(dra_v1_pb2, prepare, unprepare, log)
-        v1beta1 = _DraServicer(dra_v1beta1_pb2, prepare, unprepare, log)
+        self._meter = Meter(recorder or Recorder(), driver, node, prepared)
+        v1 = _DraServicer(dra_v1_pb2, prepare, unprepare, log, self._meter)
+        v1beta1 = _DraServicer(dra_v1beta1_pb2, prepare, unprepare, log, self._meter)
         registration = _RegistrationServicer(info, self._registration_status)
 
         def add_dra(server: grpc.Server) -> None:
@@ -300,6 +329,7 @@ class DraServer:
                 self._stop_locked()
                 raise
             self._log.info("Registration socket for %s at %s", self.driver, self.registration_socket)
+        self._meter.serving()
 
     def registered(self) -> bool:
         """Whether the kubelet's last NotifyRegistrationStatus said the plugin is registered."""

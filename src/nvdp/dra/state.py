@@ -38,6 +38,7 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from nvdp.cdi.spec import ContainerEdits
+from nvdp.dra.causes import API_ERROR, CDI_WRITE, DEVICE_BUSY, DEVICE_UNHEALTHY, LOCK_ACQUIRE, cause_of
 from nvdp.dra.checkpoint import ClaimEntry, load_checkpoint, save_checkpoint
 from nvdp.dra.claims import Allocated, ClaimProblem, check_claim, describe, our_results
 from nvdp.dra.devices import DraDevice
@@ -160,7 +161,7 @@ class ClaimPreparer:
                     answers[ref.uid] = self._prepare_one(ref)
         except TimeoutError as err:
             for ref in refs:
-                answers.setdefault(ref.uid, PrepareResult(error=str(err)))
+                answers.setdefault(ref.uid, PrepareResult(error=str(err), cause=LOCK_ACQUIRE))
         return answers
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
@@ -197,10 +198,11 @@ class ClaimPreparer:
             self._refuse_held_or_unhealthy(ref.uid, what, results, view, share)
         except ClaimProblem as err:
             self._log.warning("Not preparing: %s", err)
-            return PrepareResult(error=str(err))
+            return PrepareResult(error=str(err), cause=err.cause)
         except Exception as err:  # the API server: unreachable, refused, timed out
             self._log.warning("Cannot read %s from the API server: %s", what, err)
-            return PrepareResult(error=f"cannot read {what} from the API server: {err}; the kubelet retries")
+            return PrepareResult(error=f"cannot read {what} from the API server: {err}; the kubelet retries",
+                                 cause=API_ERROR)
         started = ClaimEntry(uid=ref.uid, namespace=ref.namespace, name=ref.name, state=STARTED)
         self._claims[ref.uid] = started
         self._save()
@@ -213,7 +215,7 @@ class ClaimPreparer:
             self._sharing.release(ref.uid)
             self._save()
             self._log.error("Cannot prepare %s: %s", what, err)
-            return PrepareResult(error=f"cannot prepare {what}: {err}")
+            return PrepareResult(error=f"cannot prepare {what}: {err}", cause=cause_of(err, CDI_WRITE))
         self._claims[ref.uid] = replace(started, state=COMPLETED, devices=devices, share=share)
         self._save()
         self._log.info("Prepared %s: %s", what, ", ".join(f"{d.device} -> {', '.join(d.cdi_ids)}"
@@ -228,7 +230,8 @@ class ClaimPreparer:
         for result in results:
             if view.unhealthy_device(result.device):
                 raise ClaimProblem(f"{what}: device {result.device} is unhealthy; it has left this node's "
-                                   "ResourceSlice, so delete the pod to have the claim allocated elsewhere")
+                                   "ResourceSlice, so delete the pod to have the claim allocated elsewhere",
+                                   DEVICE_UNHEALTHY)
             if result.admin_access:
                 continue
             # A replica of a shared GPU: the scheduler gave it to several claims, each with a share ID.
@@ -240,7 +243,7 @@ class ClaimPreparer:
                         f"{what}: device {result.device} is already prepared for "
                         f"{describe(other.namespace, other.name, uid)}; two claims were allocated the same "
                         "device (a scheduler race, or a claim deleted while this plugin was down): it is "
-                        "handed out again once that claim is unprepared")
+                        "handed out again once that claim is unprepared", DEVICE_BUSY)
         for uid, other in self._claims.items():
             theirs = {view.devices[d.device].gpu_uuid for d in other.devices
                       if d.device in view.devices and not d.admin_access}
@@ -254,7 +257,7 @@ class ClaimPreparer:
                 f"{what}: GPU {', '.join(both)} is in use by {describe(other.namespace, other.name, uid)} "
                 f"{how}, and this claim asks for {asks}; claims that share a GPU must share it the same way "
                 "(the same MPS GPUs, or no MPS): give them the same sharing config; this claim is prepared "
-                "once that one is unprepared")
+                "once that one is unprepared", DEVICE_BUSY)
 
     def _claimed(self, results: Sequence[Allocated], view: NodeView) -> list[DraDevice]:
         """The devices whose sharing the claim takes part in: an admin-access device gets none (no
