@@ -1,5 +1,6 @@
-"""The slice publisher against a real kube-apiserver: a foreign slice at the top of the generation
-range, and a refused publish recorded as one Warning Event on the Node per failure streak."""
+"""The slice publisher and the DRA plugin's Events against a real kube-apiserver: a foreign slice at
+the top of the generation range, a refused publish recorded as one Warning Event on the Node per
+failure streak, and a claim config addressed to a mistyped driver name recorded on the claim."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from nvdp.dra.claim_events import CONFIG_DRIVER_MISMATCH, ClaimEvents
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.publish import MAX_GENERATION, PUBLISH_FAILED, PublishError, SlicePublisher
-from nvdp.kube import connect, create_slice, replace_slice
+from nvdp.dra.sharing import NodeSharing
+from nvdp.kube import connect, create_slice, get_claim, replace_slice
 from nvdp.node_events import NodeEvents
 from nvdp.recording import Recorder
 from tests.kube.envtest import ControlPlane
@@ -107,3 +110,51 @@ def test_a_refused_publish_records_one_warning_on_the_node_per_failure_streak(ku
         assert event["source"]["component"] == "nvidia-dra-plugin"
         assert "are not published" in event["message"] and "422" in event["message"]
     assert sorted("also bad!" in e["message"] for e in found) == [False, True]
+
+
+# -- a claim config for a mistyped driver name -----------------------------------------------------
+PARAMS = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+          "sharing": {"strategy": "TimeSlicing"}}
+
+
+def make_claim(plane: ControlPlane, namespace: str, node: str, config_driver: str) -> dict[str, Any]:
+    name = unique("claim")
+    config = {"requests": ["gpu"], "opaque": {"driver": config_driver, "parameters": PARAMS}}
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": name, "namespace": namespace},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
+                                  "config": [config]}}}
+    plane.kubectl("create", "-f", "-", input_text=json.dumps(claim))
+    # What the scheduler writes: the allocation, with the claim's config copied.
+    allocation = {"devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node,
+                                           "device": "gpu-0"}],
+                              "config": [{"source": "FromClaim", **config}]}}
+    plane.kubectl("-n", namespace, "patch", "resourceclaim", name, "--subresource=status", "--type=merge",
+                  "-p", json.dumps({"status": {"allocation": allocation}}))
+    found = get_claim(connect(plane.admin_kubeconfig), namespace, name)
+    assert found is not None and found["status"]["allocation"]
+    return found
+
+
+def test_a_config_for_a_mistyped_driver_is_one_warning_event_on_the_claim(kube_api: ControlPlane) -> None:
+    node, namespace = unique("typo"), unique("typo")
+    kube_api.kubectl("create", "namespace", namespace)
+    device = gpu(0)
+    warner = ClaimEvents(connect(kube_api.admin_kubeconfig), node=node, component="nvidia-dra-plugin",
+                         log=LOG)
+    sharing = NodeSharing(driver=DRIVER, mps=None, log=LOG, no_mps_reason="off", warner=warner)
+    mistyped = make_claim(kube_api, namespace, node, "gpu.nvidia.co")
+    for _ in range(3):  # the kubelet retries a prepare that fails for another cause: one Event
+        share = sharing.share_of(mistyped, {device.name: device}, [device])
+        assert share.timeslices == ()  # prepared without the ignored config
+    other = make_claim(kube_api, namespace, node, "compute-domain.nvidia.com")
+    sharing.share_of(other, {device.name: device}, [device])
+    assert warner.recorded == 1
+    (event,) = events(kube_api, namespace, mistyped["metadata"]["name"], CONFIG_DRIVER_MISMATCH)
+    assert event["type"] == "Warning"
+    involved = event["involvedObject"]
+    assert (involved["kind"], involved["apiVersion"], involved["uid"]) == (
+        "ResourceClaim", "resource.k8s.io/v1", mistyped["metadata"]["uid"])
+    assert event["message"].startswith(
+        "spec.devices.config[0].opaque.driver is 'gpu.nvidia.co', not this driver's name 'gpu.nvidia.com'")
+    assert events(kube_api, namespace, other["metadata"]["name"], CONFIG_DRIVER_MISMATCH) == []

@@ -288,8 +288,7 @@ class DraProcess:
         self.server = DraServer(driver=self.driver, plugin_dir=self.plugin_dir,
                                 registry_dir=self.args.kubelet_registrar_dir,
                                 prepare=self.preparer.prepare, unprepare=self.preparer.unprepare,
-                                log=self.log, on_registered=self.on_registered, recorder=self.recorder,
-                                node=self.node, prepared=self.preparer.prepared)
+                                log=self.log, on_registered=self.on_registered)
         self.server.start()
         self.start_health()
         self.not_serving_reason = None
@@ -298,6 +297,7 @@ class DraProcess:
         """Claims' sharing on this node; MPS when the pod has the MPS root (chart value dra.mps)."""
         from functools import partial
 
+        from nvdp.dra.claim_events import ClaimEvents
         from nvdp.dra.mps import ClaimMps
         from nvdp.dra.sharing import NodeSharing
         from nvdp.mps.compute_mode import NvmlComputeModes
@@ -305,8 +305,9 @@ class DraProcess:
 
         assert self.serving is not None
         config = self.serving.config
+        warner = ClaimEvents(self.client, node=self.node, component="nvidia-dra-plugin", log=self.log)
         if not (self.env.get(HOST_ROOT_ENV) or self.env.get(CONTAINER_ROOT_ENV)):
-            return NodeSharing(driver=self.driver, mps=None, log=self.log, no_mps_reason=(
+            return NodeSharing(driver=self.driver, mps=None, log=self.log, warner=warner, no_mps_reason=(
                 f"the pod has no MPS root ({HOST_ROOT_ENV} is not set): install with the chart value "
                 "dra.mps=true (the default), which mounts it and the MPS clients' /dev/shm"))
         self.mps = ClaimMps(
@@ -315,7 +316,7 @@ class DraProcess:
             node_replicas=mps_replicas(self.serving.devices.values()),
             modes_factory=partial(NvmlComputeModes, config.flags.plugin.container_driver_root),
             log=self.log, recorder=self.recorder)
-        return NodeSharing(driver=self.driver, mps=self.mps, log=self.log, no_mps_reason="")
+        return NodeSharing(driver=self.driver, mps=self.mps, log=self.log, no_mps_reason="", warner=warner)
 
     def on_registered(self, registered: bool, error: str) -> None:
         if registered:

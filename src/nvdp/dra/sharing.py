@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from msgspec import Struct
 
 from nvdp.cdi.spec import ContainerEdits, Mount
-from nvdp.dra.causes import INVALID_CONFIG, SHARING_SETUP
+from nvdp.dra.claim_events import CONFIG_DRIVER_MISMATCH
 from nvdp.dra.claims import ClaimProblem
+from nvdp.dra.config_drivers import near_miss_configs
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.gpuconfig import DeviceSharing, MpsLimits, SharingProblem, device_sharing
 from nvdp.dra.mps import CONTAINER_PIPE_DIR, ClaimMps, MpsUnavailable, client_env
@@ -79,26 +80,41 @@ def claim_share(devices: Sequence[DraDevice], sharing: Mapping[str, DeviceSharin
                       env=tuple(f"{k}={v}" for k, v in env.items()), timeslices=timeslices)
 
 
+class ClaimWarner(Protocol):
+    """Where warnings about a claim go (nvdp.dra.claim_events.ClaimEvents: Events on the claim)."""
+
+    def warning(self, claim: Mapping[str, Any], reason: str, message: str) -> None: ...
+
+
 class NodeSharing:
     """Carries out claims' shares on this node: intervals through nvidia-smi, MPS through `mps`
-    (None when the plugin runs without MPS, so that MPS claims are refused with the reason)."""
+    (None when the plugin runs without MPS, so that MPS claims are refused with the reason).
+    `warner` hears of configs addressed to a mistyped driver name (None: they are logged)."""
 
     def __init__(self, *, driver: str, mps: ClaimMps | None, no_mps_reason: str,
-                 log: logging.Logger, timeslice: Callable[[str, str], None] = set_timeslice) -> None:
+                 log: logging.Logger, timeslice: Callable[[str, str], None] = set_timeslice,
+                 warner: ClaimWarner | None = None) -> None:
         self.driver = driver
         self.mps = mps
         self.no_mps_reason = no_mps_reason
         self.log = log
         self._timeslice = timeslice
+        self._warner = warner
 
     def share_of(self, claim: Mapping[str, Any], devices: Mapping[str, DraDevice],
                  claimed: Sequence[DraDevice]) -> ClaimShare:
         """The claim's share; ClaimProblem naming the field when its config is invalid."""
+        for message in near_miss_configs(claim, self.driver):
+            if self._warner is not None:
+                self._warner.warning(claim, CONFIG_DRIVER_MISMATCH, message)
+            else:
+                meta = claim.get("metadata") or {}
+                self.log.warning("Claim %s/%s: %s", meta.get("namespace"), meta.get("name"), message)
         try:
             sharing = device_sharing(claim, self.driver, devices, default=node_default)
             return claim_share(claimed, sharing)
         except SharingProblem as err:
-            raise ClaimProblem(f"invalid sharing config: {err}", INVALID_CONFIG) from None
+            raise ClaimProblem(f"invalid sharing config: {err}") from None
 
     def apply(self, claim_uid: str, share: ClaimShare) -> ContainerEdits:
         """Set the claim's intervals and join its MPS daemon; the edits its containers get.
@@ -107,17 +123,16 @@ class NodeSharing:
             try:
                 self._timeslice(gpu, interval)
             except TimesliceError as err:
-                raise ClaimProblem(f"cannot set the time slice of GPU {gpu} to {interval}: {err}",
-                                   SHARING_SETUP) from None
+                raise ClaimProblem(f"cannot set the time slice of GPU {gpu} to {interval}: {err}") from None
             self.log.info("GPU %s: time slice set to %s", gpu, interval)
         if share.uses_mps:
             if self.mps is None:
                 raise ClaimProblem(f"the claim asks for MPS, which this plugin does not run: "
-                                   f"{self.no_mps_reason}", SHARING_SETUP)
+                                   f"{self.no_mps_reason}")
             try:
                 self.mps.use(claim_uid, share.mps_gpus)
             except MpsUnavailable as err:
-                raise ClaimProblem(str(err), SHARING_SETUP) from None
+                raise ClaimProblem(str(err)) from None
         return self.edits(share)
 
     def edits(self, share: ClaimShare) -> ContainerEdits:

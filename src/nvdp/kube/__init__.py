@@ -1,9 +1,10 @@
 """The only code that talks to the Kubernetes API server.
 
 `connect` builds a client (in-cluster service account, else `KUBECONFIG`); `NodeWatcher` follows one
-Node's labels; `EventRecorder` records Events on it; `patch_node_labels` sets or clears `nvidia.com/*`
-labels; `get_node_allocatable` and `list_node_pods` read what a node advertises and runs (the per-node
-mode switch, nvdp.mode). Everything above this package sees plain dicts and strings, never client objects.
+Node's labels; `EventRecorder` records Events on it (`record_claim_event`: on a ResourceClaim);
+`patch_node_labels` sets or clears `nvidia.com/*` labels; `get_node_allocatable` and `list_node_pods`
+read what a node advertises and runs (the per-node mode switch, nvdp.mode). Everything above this
+package sees plain dicts and strings, never client objects.
 """
 
 from lightkube import Client as KubeClient
@@ -11,7 +12,7 @@ from lightkube import Client as KubeClient
 from nvdp.kube.claims import get_claim, list_claims
 from nvdp.kube.connect import KubeConnectError, connect
 from nvdp.kube.errors import ApiFailure, classify, server_address
-from nvdp.kube.events import EventRecorder
+from nvdp.kube.events import EventRecorder, record_claim_event
 from nvdp.kube.node import (
     NodeLabels,
     get_configmap_data,
@@ -55,6 +56,7 @@ __all__ = [
     "list_node_pods",
     "list_slices",
     "patch_node_labels",
+    "record_claim_event",
     "replace_slice",
     "server_address",
 ]

@@ -1,4 +1,5 @@
-"""Record Kubernetes Events on the Node (`kubectl describe node` lists them).
+"""Record Kubernetes Events on the Node (`kubectl describe node` lists them), and on a ResourceClaim
+(`record_claim_event`, for what the claim's author must fix).
 
 Writes are the fleet's cost, so the recorder drops an event equal (type, reason, message) to one it
 recorded within `dedupe_window_s`, and allows at most `burst` events of each reason, refilled one per
@@ -94,3 +95,24 @@ class EventRecorder:
             log.warning("could not record event %s on node %s: %s", reason, self.node_name, err)
             return False
         return True
+
+
+def record_claim_event(client: Client, *, namespace: str, name: str, uid: str, event_type: str,
+                       reason: str, message: str, component: str, host: str) -> bool:
+    """Record an Event on a ResourceClaim, in its namespace (`kubectl describe resourceclaim` lists it);
+    True when written. A failure is logged and forgotten, as for Node Events."""
+    message = message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
+    stamp = datetime.datetime.now(datetime.timezone.utc)
+    event = Event(
+        metadata=ObjectMeta(name=f"{name}.{time.time_ns():x}", namespace=namespace),
+        involvedObject=ObjectReference(kind="ResourceClaim", apiVersion="resource.k8s.io/v1",
+                                       namespace=namespace, name=name, uid=uid),
+        type=event_type, reason=reason, message=message, count=1, firstTimestamp=stamp, lastTimestamp=stamp,
+        source=EventSource(component=component, host=host),
+    )
+    try:
+        client.create(event, namespace=namespace)
+    except (ApiError, httpx2.HTTPError) as err:
+        log.warning("could not record event %s on claim %s/%s: %s", reason, namespace, name, err)
+        return False
+    return True
