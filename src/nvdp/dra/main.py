@@ -288,7 +288,8 @@ class DraProcess:
         self.server = DraServer(driver=self.driver, plugin_dir=self.plugin_dir,
                                 registry_dir=self.args.kubelet_registrar_dir,
                                 prepare=self.preparer.prepare, unprepare=self.preparer.unprepare,
-                                log=self.log, on_registered=self.on_registered)
+                                log=self.log, on_registered=self.on_registered, recorder=self.recorder,
+                                node=self.node, prepared=self.preparer.prepared)
         self.server.start()
         self.start_health()
         self.not_serving_reason = None

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from msgspec import Struct
 
 from nvdp.cdi.spec import ContainerEdits, Mount
+from nvdp.dra.causes import INVALID_CONFIG, SHARING_SETUP
 from nvdp.dra.claim_events import CONFIG_DRIVER_MISMATCH
 from nvdp.dra.claims import ClaimProblem
 from nvdp.dra.config_drivers import near_miss_configs
@@ -114,7 +115,7 @@ class NodeSharing:
             sharing = device_sharing(claim, self.driver, devices, default=node_default)
             return claim_share(claimed, sharing)
         except SharingProblem as err:
-            raise ClaimProblem(f"invalid sharing config: {err}") from None
+            raise ClaimProblem(f"invalid sharing config: {err}", INVALID_CONFIG) from None
 
     def apply(self, claim_uid: str, share: ClaimShare) -> ContainerEdits:
         """Set the claim's intervals and join its MPS daemon; the edits its containers get.
@@ -123,16 +124,17 @@ class NodeSharing:
             try:
                 self._timeslice(gpu, interval)
             except TimesliceError as err:
-                raise ClaimProblem(f"cannot set the time slice of GPU {gpu} to {interval}: {err}") from None
+                raise ClaimProblem(f"cannot set the time slice of GPU {gpu} to {interval}: {err}",
+                                   SHARING_SETUP) from None
             self.log.info("GPU %s: time slice set to %s", gpu, interval)
         if share.uses_mps:
             if self.mps is None:
                 raise ClaimProblem(f"the claim asks for MPS, which this plugin does not run: "
-                                   f"{self.no_mps_reason}")
+                                   f"{self.no_mps_reason}", SHARING_SETUP)
             try:
                 self.mps.use(claim_uid, share.mps_gpus)
             except MpsUnavailable as err:
-                raise ClaimProblem(str(err)) from None
+                raise ClaimProblem(str(err), SHARING_SETUP) from None
         return self.edits(share)
 
     def edits(self, share: ClaimShare) -> ContainerEdits:
