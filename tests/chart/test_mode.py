@@ -73,7 +73,7 @@ def test_no_device_plugin_where_every_node_is_in_dra_mode(values: dict[str, Any]
 
 
 def test_without_dra_nothing_changes() -> None:
-    found = render({"config": {"map": {"dp": DP_ENTRY}, "default": "dp"}}).objects
+    found = render({"config": {"map": {"dp": DP_ENTRY, "plain": "version: v1\n"}, "default": "dp"}}).objects
     sets = daemonsets(found)
     assert DRA_DS not in sets
     plugin = env(container(sets[DP], "nvidia-device-plugin-ctr"))

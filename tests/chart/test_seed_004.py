@@ -43,13 +43,35 @@ def test_selectors_do_not_overlap(rendered: Rendered) -> None:
 
 
 def test_users_affinity_and_tolerations_replace_defaults(rendered: Rendered) -> None:
-    expected_affinity = values_file(DATA / "seed-004-values.yaml")["affinity"]
+    (term,) = values_file(DATA / "seed-004-values.yaml")["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    deploy = "nvidia.com/gpu.deploy.client"
     for ds in rendered.daemonsets().values():
         spec = ds["spec"]["template"]["spec"]
-        assert spec["affinity"] == expected_affinity
+        # The user's term, on nodes the GPU Operator has not paused (label "true" or absent).
+        assert spec["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [*term["matchExpressions"],
+                                      {"key": deploy, "operator": "In", "values": ["true"]}]},
+                {"matchExpressions": [*term["matchExpressions"],
+                                      {"key": deploy, "operator": "DoesNotExist"}]},
+            ]}}}
         assert spec["tolerations"] == [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
         ]
+
+
+def test_one_config_entry_gets_no_api_access(rendered: Rendered) -> None:
+    # One entry is every node's config whatever its labels say: nothing to watch, no Events asked
+    # for (events.enabled false), so no role, no binding and no token in any pod, as the kubelet's
+    # socket and the MPS pipes are all these pods talk to.
+    kinds = {o["kind"] for o in rendered.objects}
+    assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+    assert rendered.one("ServiceAccount")["automountServiceAccountToken"] is False
+    for ds in rendered.daemonsets().values():
+        assert ds["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    # and no egress to the API server through the deny-all policy
+    assert "egress" not in rendered.one("NetworkPolicy")["spec"]
 
 
 def test_configmap_holds_the_file_verbatim(rendered: Rendered) -> None:
@@ -119,3 +141,42 @@ def test_notes_say_how_to_label_mps_nodes_and_see_gpus(rendered: Rendered) -> No
         "kubectl get nodes -o custom-columns=NAME:.metadata.name,GPU:.status.allocatable.nvidia\\.com/gpu"
         in rendered.notes
     )
+
+
+def test_the_daemons_run_their_entry_in_the_pod_without_a_token(
+    rendered: Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The plugin and the MPS daemon, with the env the chart gives them and the pod's view of the
+    API (KUBERNETES_SERVICE_HOST set by the kubelet, no token mounted): they start on the entry, and
+    the log says why the node label is not read."""
+    import argparse
+    import logging
+
+    from nvdp.kube import KubeConnectError, connect
+    from nvdp.kube.connect import SERVICE_ACCOUNT_DIR
+    from nvdp.nodeconfig import follow
+
+    if (SERVICE_ACCOUNT_DIR / "token").exists():
+        pytest.skip(f"this machine has a service account token at {SERVICE_ACCOUNT_DIR}")
+    entries = tmp_path / "available-configs"
+    entries.mkdir()
+    (entries / "config").write_text((DATA / "seed-004-config.yaml").read_text(encoding="utf-8"))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(KubeConnectError, match="this pod has no service account token"):
+        connect()
+    for name, ctr in [(PLUGIN, "nvidia-device-plugin-ctr"), (MPS, "mps-control-daemon-ctr")]:
+        given = env(container(rendered.daemonsets()[name], ctr))
+        variables = {k: v for k, v in given.items() if v is not None}
+        # NODE_NAME comes from the downward API; the entries from the ConfigMap volume.
+        variables |= {"CONFIG_DIR": str(entries), "NODE_NAME": "gpu-node"}
+        log = logging.getLogger(f"seed-004-{name}")
+        with caplog.at_level(logging.INFO, logger=log.name):
+            node_config = follow(argparse.Namespace(), variables, lambda: None, log)
+        assert node_config is not None
+        try:
+            assert node_config.choose(lenient=True).entry == "config"
+        finally:
+            node_config.stop()
+        assert "no service account token" in caplog.text

@@ -113,11 +113,50 @@ config-manager does. The chart never chooses an entry.
 {{- end -}}
 
 {{/*
-"true" when the plugin pods read their Node's label to choose a config entry and record Events on
-it, which needs the API access granted in rbac.yaml: whenever a config is given.
+"true" when the plugin pods get the config entries as a directory (CONFIG_DIR): whenever a config
+is given.
 */}}
 {{- define "nvidia-device-plugin.perNodeConfig" -}}
 {{- if and .Values.devicePlugin.enabled (include "nvidia-device-plugin.hasConfig" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when one inline entry is what every node runs, label or not: config.default names it, or the
+fallback strategies reach it (`single`, or `named` for an entry called "default") before `empty`.
+The daemons' rule (nvdp/config/select.py) then has nothing left for the node label to choose.
+*/}}
+{{- define "nvidia-device-plugin.oneEntryForEveryNode" -}}
+{{- if and (not .Values.config.name) (eq (len .Values.config.map) 1) -}}
+{{- $entry := first (keys .Values.config.map) -}}
+{{- $result := "" -}}
+{{- if .Values.config.default -}}
+{{- $result = "true" -}}
+{{- else -}}
+{{- $decided := false -}}
+{{- range $strategy := .Values.config.fallbackStrategies -}}
+{{- if not $decided -}}
+{{- if or (eq $strategy "single") (and (eq $strategy "named") (eq $entry "default")) -}}
+{{- $decided = true -}}
+{{- $result = "true" -}}
+{{- else if ne $strategy "named" -}}
+{{- $decided = true -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $result -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when the node label can change a node's config entry, so the plugin pods watch their Node
+(and record Events on it when the label names an unknown entry), which needs the API access granted
+in rbac.yaml: several inline entries, an existing ConfigMap (config.name: entries unseen here), or
+one entry that unlabelled nodes do not get (fallback `empty`). One entry every node runs anyway
+needs no API access.
+*/}}
+{{- define "nvidia-device-plugin.nodeLabelChoosesConfig" -}}
+{{- if and (include "nvidia-device-plugin.perNodeConfig" .) (not (include "nvidia-device-plugin.oneEntryForEveryNode" .)) -}}true{{- end -}}
 {{- end -}}
 
 {{/* Per-node config: the environment that tells the plugin and the MPS daemon how to choose. */}}
@@ -318,7 +357,7 @@ capabilities:
 {{- end -}}
 {{- end -}}
 
-{{/* Scheduling fields shared by both DaemonSets. */}}
+{{/* Scheduling fields shared by the DaemonSets that use the GPU (plugin, MPS daemon, GFD, DRA plugin). */}}
 {{- define "nvidia-device-plugin.podScheduling" -}}
 {{- with .Values.priorityClassName }}
 priorityClassName: {{ . }}
@@ -326,7 +365,7 @@ priorityClassName: {{ . }}
 {{- with .Values.runtimeClassName }}
 runtimeClassName: {{ . }}
 {{- end }}
-{{- with .Values.affinity }}
+{{- with include "nvidia-device-plugin.gpuAffinity" . | fromYaml }}
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -345,4 +384,37 @@ securityContext:
   seccompProfile:
     type: RuntimeDefault
 {{- end }}
+{{- end -}}
+
+{{/*
+The node affinity of every DaemonSet that uses the GPU: the user's `affinity`, and with
+gpuOperator.respectDeployLabel only where the GPU Operator's label nvidia.com/gpu.deploy.client is
+"true" or absent. The operator's mig-manager and driver-manager set it to paused-for-mig-change /
+paused-for-driver-upgrade while they change a node's GPUs (and "false" disables its clients), so
+those changes stop these pods and bring them back afterwards. "true or absent" takes two selector
+terms (terms are ORed, a term's expressions ANDed), so each of the user's required terms is split
+in two: the term and the label "true", the term and no label. Preferred terms and pod (anti-)
+affinity stay as given. As YAML; "" (no affinity) when there is nothing to require.
+*/}}
+{{- define "nvidia-device-plugin.gpuAffinity" -}}
+{{- $affinity := deepCopy (.Values.affinity | default dict) -}}
+{{- if .Values.gpuOperator.respectDeployLabel -}}
+{{- $nodeAffinity := get $affinity "nodeAffinity" | default dict -}}
+{{- $required := get $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
+{{- $terms := get $required "nodeSelectorTerms" | default (list dict) -}}
+{{- $key := "nvidia.com/gpu.deploy.client" -}}
+{{- $deploy := list (dict "key" $key "operator" "In" "values" (list "true")) (dict "key" $key "operator" "DoesNotExist") -}}
+{{- $split := list -}}
+{{- range $term := $terms -}}
+{{- range $expression := $deploy -}}
+{{- $copy := deepCopy $term -}}
+{{- $_ := set $copy "matchExpressions" (append (get $term "matchExpressions" | default list) $expression) -}}
+{{- $split = append $split $copy -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $split -}}
+{{- $_ := set $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ := set $affinity "nodeAffinity" $nodeAffinity -}}
+{{- end -}}
+{{- with $affinity }}{{ toYaml . }}{{ end -}}
 {{- end -}}

@@ -28,11 +28,12 @@ here), or dra.defaultMode device-plugin.
 {{- end -}}
 
 {{/*
-"true" when the device plugin's account reads the API server: per-node config (its Node's label), or
-beside the DRA plugin (the DRA plugin's slices for its node, the pods using its GPUs).
+"true" when the device plugin's account reads the API server: a node label that chooses between
+config entries (its Node), or beside the DRA plugin (the DRA plugin's slices for its node, the pods
+using its GPUs).
 */}}
 {{- define "nvidia-device-plugin.pluginReadsApi" -}}
-{{- if or (include "nvidia-device-plugin.perNodeConfig" .) (and .Values.dra.enabled (include "nvidia-device-plugin.devicePluginDeployed" .)) -}}true{{- end -}}
+{{- if or (include "nvidia-device-plugin.nodeLabelChoosesConfig" .) (and .Values.dra.enabled (include "nvidia-device-plugin.devicePluginDeployed" .)) -}}true{{- end -}}
 {{- end -}}
 
 {{/* The mode's environment, for every daemon beside a DRA plugin (the DRA plugin sets its own). */}}

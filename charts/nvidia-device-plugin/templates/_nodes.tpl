@@ -9,7 +9,7 @@ or "" where the cluster cannot be asked (helm template, --dry-run, no permission
 {{- $nodes := lookup "v1" "Node" "" "" -}}
 {{- if and $nodes (hasKey $nodes "items") -}}
 {{- $terms := list -}}
-{{- with .Values.affinity }}{{ with .nodeAffinity }}{{ with .requiredDuringSchedulingIgnoredDuringExecution }}{{ $terms = .nodeSelectorTerms | default list }}{{ end }}{{ end }}{{ end -}}
+{{- with include "nvidia-device-plugin.gpuAffinity" . | fromYaml }}{{ with .nodeAffinity }}{{ with .requiredDuringSchedulingIgnoredDuringExecution }}{{ $terms = .nodeSelectorTerms | default list }}{{ end }}{{ end }}{{ end -}}
 {{- $matching := 0 -}}
 {{- range $node := $nodes.items -}}
 {{- $labels := $node.metadata.labels | default dict -}}

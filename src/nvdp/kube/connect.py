@@ -45,6 +45,14 @@ def connect(kubeconfig: str | os.PathLike[str] | None = None, *,
         else:
             path = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
             if not Path(path).exists():
+                if os.environ.get("KUBERNETES_SERVICE_HOST"):
+                    # A pod whose token is not mounted (automountServiceAccountToken: false): the
+                    # chart mounts it only where a feature of the install needs the API.
+                    raise KubeConnectError(
+                        f"no Kubernetes API access: this pod has no service account token "
+                        f"({service_account_dir}/token; automountServiceAccountToken is false) and no "
+                        f"kubeconfig at {path}"
+                    )
                 raise KubeConnectError(
                     f"no Kubernetes API configuration: not in a pod (no {service_account_dir}/token or "
                     f"KUBERNETES_SERVICE_HOST) and no kubeconfig at {path}; "
