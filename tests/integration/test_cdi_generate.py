@@ -127,3 +127,65 @@ def test_unknown_feature_flags_are_a_warning(t4: tuple[NodeSim, CdiNode]) -> Non
     done = generate(env_for(t4, CDI_FEATURE_FLAGS="a-future-flag"))
     assert done.returncode == 0
     assert "warning: unknown CDI feature flag(s) a-future-flag" in done.stderr
+
+
+# --- on a host, as nvidia-ctk cdi generate is run ------------------------------------------------
+
+HOST_SETTINGS = {"--cdi-disable-hooks": "enable-cuda-compat",
+                 "--cdi-feature-flags": "no-additional-gids-for-device-nodes"}
+
+
+def host_env(t4: tuple[NodeSim, CdiNode]) -> dict[str, str]:
+    """A shell on the host: the stand-in NVML, no plugin settings, no container driver root."""
+    node, _cdi = t4
+    assert not os.path.exists("/driver-root")
+    return {**clean_env(), **node.env, "DEVICE_LIST_STRATEGY": "cdi-cri"}
+
+
+def test_on_a_host_the_files_are_read_where_the_driver_root_points(t4: tuple[NodeSim, CdiNode]) -> None:
+    """`--driver-root R --dev-root D`, as nvidia-ctk is run: the files are read under R (this
+    machine's / has no libcuda), and the spec names them there."""
+    _node, cdi = t4
+    root = str(cdi.driver_root)
+    env = {**host_env(t4), "NVDP_HOST_HOOK_DIR": str(cdi.hook_dir)}
+    done = generate(env, "--driver-root", root, "--dev-root", "/")
+    assert done.returncode == 0, done.stderr
+    assert f'"hostPath":"{root}/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"' in done.stdout
+    assert '"hostPath":"/dev/nvidia0"' in done.stdout
+    hook = str(cdi.hook_dir / "nvidia-ctk")
+    flagged = generate(host_env(t4), "--driver-root", root, "--dev-root", "/", "--nvidia-cdi-hook-path", hook)
+    assert flagged.returncode == 0, flagged.stderr
+    assert f'"path":"{hook}"' in flagged.stdout
+
+
+def test_the_plugin_writes_what_the_command_prints_for_the_same_settings(
+        t4: tuple[NodeSim, CdiNode], make_bare_plugin: MakeBarePlugin, kubelet: KubeletSim) -> None:
+    """The plugin's flags for its CDI settings, given to both (the plugin in its pod would see the
+    driver root at its container driver root; here both read it where it is)."""
+    node, cdi = t4
+    root, hook = str(cdi.driver_root), str(cdi.hook_dir / "nvidia-ctk")
+    settings = ["--driver-root", root, "--dev-root", "/", "--nvidia-cdi-hook-path", hook,
+                *(part for flag, value in HOST_SETTINGS.items() for part in (flag, value))]
+    plugin = make_bare_plugin(**node.env, DEVICE_LIST_STRATEGY="cdi-cri", NVDP_CDI_DIR=str(cdi.cdi_dir))
+    plugin.start(*settings, "--container-driver-root", root)
+    kubelet.wait_for_resource("nvidia.com/gpu", count=1, timeout=10)
+    assert plugin.stop() == 0
+    written = cdi.spec_path.read_text()
+    assert "enable-cuda-compat" not in written and '"create-symlinks"' in written
+    done = generate(host_env(t4), *settings)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == written + "\n"
+    same = generate(host_env(t4), *settings, "--container-driver-root", root)
+    assert same.stdout == done.stdout
+
+
+def test_the_hook_fix_names_flags_the_command_takes(t4: tuple[NodeSim, CdiNode]) -> None:
+    _node, cdi = t4
+    env = host_env(t4)
+    missing = generate(env, "--driver-root", str(cdi.driver_root), "--nvidia-cdi-hook-path", "/no/such/hook")
+    assert missing.returncode == 1
+    assert "--nvidia-cdi-hook-path" in missing.stderr and "--cdi-disable-hooks=all" in missing.stderr
+    done = generate(env, "--driver-root", str(cdi.driver_root), "--nvidia-cdi-hook-path", "/no/such/hook",
+                    "--cdi-disable-hooks=all")
+    assert done.returncode == 0, done.stderr
+    assert "hooks" not in done.stdout

@@ -1,9 +1,11 @@
 """`nvdp cdi generate`: print or write exactly the CDI specs the plugin would write on this node.
 
-It goes the plugin's way: the config from `--config` (else CONFIG_FILE), the environment and the two
-root flags, the GPUs through NVML, the plan, then `nvdp.cdi.generate`. Run it in the plugin pod
-(`kubectl exec <pod> -- nvdp cdi generate`) to see what the plugin writes, or on a node with
-`--driver-root` / `--dev-root` to try a layout before installing.
+It goes the plugin's way, through the plugin's own functions: the config from `--config` (else
+CONFIG_FILE), the environment and the plugin's CDI flags, the GPUs through NVML, the IMEX channels,
+the plan, then `nvdp.cdi.generate`. Run it in the plugin pod (`kubectl exec <pod> -- nvdp cdi
+generate`) to see what the plugin writes, or on a host as `nvidia-ctk cdi generate --driver-root R`
+is run: where the container driver root (/driver-root in the plugin's pod) does not exist, the
+driver's files and NVML are read where `--driver-root` points.
 
 `--output -` (the default) prints each spec as compact JSON, one per line (the `gpu` spec first);
 `--output DIR` writes them into a directory as the plugin does (its file names, atomically, 0644);
@@ -20,11 +22,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nvdp.config.flags import add_config_flag
+
 if TYPE_CHECKING:
     from nvdp.cdi.build import SpecSet
     from nvdp.config.model import Config
 
 EXIT_FAILED = 1
+EXIT_USAGE = 2
 
 
 class GenerateError(Exception):
@@ -46,24 +51,42 @@ def register(sub: Any) -> None:
     )
     generate.add_argument("--config", metavar="FILE", help="plugin config file (default: $CONFIG_FILE, "
                           "else the built-in defaults)")
-    generate.add_argument("--driver-root", metavar="DIR", type=_host_path, help="host path of the driver "
-                          "root, written into the spec (flags.nvidiaDriverRoot, env NVIDIA_DRIVER_ROOT)")
-    generate.add_argument("--dev-root", metavar="DIR", type=_host_path, help="host path of the /dev root "
-                          "(flags.nvidiaDevRoot, env NVIDIA_DEV_ROOT; default: the driver root)")
+    roots = generate.add_argument_group("the plugin's CDI settings (flag > environment > config file)")
+    add_config_flag(roots, "--driver-root", metavar="DIR", help_text="host path of the driver root, "
+                    "written into the spec (flags.nvidiaDriverRoot, env NVIDIA_DRIVER_ROOT); on a host, "
+                    "also where the driver's files are read (as nvidia-ctk reads them)")
+    add_config_flag(roots, "--dev-root", metavar="DIR", help_text="host path of the /dev root "
+                    "(flags.nvidiaDevRoot, env NVIDIA_DEV_ROOT; default: the driver root)")
+    add_config_flag(roots, "--driver-root-ctr-path", first="--container-driver-root", metavar="DIR",
+                    help_text="where the driver root is seen here (flags.plugin.containerDriverRoot, env "
+                    "DRIVER_ROOT_CTR_PATH; default /driver-root, the plugin pod's mount; where that does "
+                    "not exist, the driver root)")
+    for flag in ("--nvidia-cdi-hook-path", "--cdi-disable-hooks", "--cdi-feature-flags"):
+        add_config_flag(roots, flag)
     generate.add_argument("--output", metavar="FILE|DIR|-", default="-", help="- prints the specs, one JSON "
                           "document a line (default); a directory gets the plugin's spec files; a file "
                           "gets the one spec (atomically)")
     generate.set_defaults(handler=generate_command)
 
 
-def _host_path(text: str) -> str:
-    if not text.startswith("/"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an absolute path; a host path such as / or "
-                                         "/run/nvidia/driver")
-    return text
+# The path flags, by destination: each must be absolute.
+_PATH_FLAGS = {"driver_root": "--driver-root", "dev_root": "--dev-root",
+               "driver_root_ctr_path": "--container-driver-root"}
+
+
+def _relative_path(args: argparse.Namespace) -> str | None:
+    for dest, flag in _PATH_FLAGS.items():
+        text = getattr(args, dest, None)
+        if text is not None and not text.startswith("/"):
+            return f"{flag}: {text!r} is not an absolute path; a path such as / or /run/nvidia/driver"
+    return None
 
 
 def generate_command(args: argparse.Namespace) -> int:
+    problem = _relative_path(args)
+    if problem is not None:
+        print(f"nvdp cdi generate: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         specs = generate_specs(args, os.environ)
         output(specs, args.output)
@@ -78,7 +101,10 @@ def generate_command(args: argparse.Namespace) -> int:
 
 
 def load(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
-    """The config as the plugin loads it: the file, the environment, and the root flags given."""
+    """The config as the plugin loads it: the file, the environment, and the plugin's flags given. On a
+    host (no container driver root there), the container driver root is the driver root: the files
+    and NVML are read where the spec says they are."""
+    from nvdp.config.flags import overrides_from_args
     from nvdp.config.loader import ConfigError, load_config
 
     path = args.config or env.get("CONFIG_FILE") or None
@@ -91,35 +117,43 @@ def load(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
             "label; pass the entry it uses with --config (its log says `Config in force: <entry>`), e.g. "
             f"--config {env['CONFIG_DIR'].rstrip('/')}/<entry>"
         )
-    overrides: dict[str, object] = {}
-    if args.driver_root is not None:
-        overrides["flags.nvidiaDriverRoot"] = args.driver_root
-    if args.dev_root is not None:
-        overrides["flags.nvidiaDevRoot"] = args.dev_root
+    overrides = overrides_from_args(args)
     try:
-        return load_config(path, env, overrides)
+        config = load_config(path, env, overrides)
+        host_root = _host_driver_root(config)
+        if host_root is not None:
+            config = load_config(path, env, {**overrides, "flags.plugin.containerDriverRoot": host_root})
     except ConfigError as err:
         raise GenerateError(" ".join(str(err).split())) from None
+    return config
+
+
+def _host_driver_root(config: Config) -> str | None:
+    """The driver root, when this is a host rather than the plugin's pod: the container driver root
+    does not exist here and the driver root is a folder (as nvidia-ctk, which reads the files where
+    --driver-root points). None: the container driver root applies, as in the plugin."""
+    driver_root = config.flags.nvidia_driver_root or "/"
+    if os.path.lexists(config.flags.plugin.container_driver_root) or not os.path.isdir(driver_root):
+        return None
+    return driver_root
 
 
 def generate_specs(args: argparse.Namespace, env: Mapping[str, str]) -> SpecSet:
-    """The SpecSet the plugin would write, or GenerateError with the cause and the fix."""
+    """The SpecSet the plugin would write, or GenerateError with the cause and the fix. The plugin's
+    stages (nvdp.plugin.prepare): its GPUs, its IMEX channels, its plan, then its CDI generation."""
     from nvdp.cdi import generate
     from nvdp.cdi.errors import CdiError
-    from nvdp.inventory.nvml import NvmlUnavailable, discover
-    from nvdp.plan import PlanError, plan
+    from nvdp.plugin.imex import channels_on_node
+    from nvdp.plugin.prepare import NvmlMissing, StartupError, discover, make_plan
 
     config = load(args, env)
     _warn_unknown_feature_flags(config)
-    flags = config.flags
     try:
-        inventory = discover(flags.nvidia_driver_root, flags.plugin.container_driver_root)
-    except NvmlUnavailable as err:
+        inventory = discover(config)
+        config = channels_on_node(config)
+        planned = make_plan(config, inventory)
+    except (NvmlMissing, StartupError) as err:
         raise GenerateError(" ".join(str(err).split())) from None
-    try:
-        planned = plan(config, inventory)
-    except PlanError as err:
-        raise GenerateError(f"the configuration cannot be applied to this node's GPUs: {err}") from None
     try:
         return generate(config, inventory, planned)
     except CdiError as err:

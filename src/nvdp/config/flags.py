@@ -7,8 +7,12 @@ so a bad flag is reported as a ConfigError naming the flag.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from nvdp.config.sources import FLAG_PATHS
+
+if TYPE_CHECKING:
+    from argparse import _ActionsContainer
 
 # Main flag name -> aliases NVIDIA also accepts.
 FLAG_ALIASES: dict[str, tuple[str, ...]] = {
@@ -76,21 +80,33 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         "--config-file", dest="config_file", metavar="PATH", help="config file (env CONFIG_FILE)"
     )
     for flag in FLAG_PATHS:
-        names = (flag, *FLAG_ALIASES.get(flag, ()))
-        if flag in BOOL_FLAGS:
-            group.add_argument(
-                *names,
-                dest=_dest(flag),
-                nargs="?",
-                const="true",
-                default=argparse.SUPPRESS,
-                metavar="BOOL",
-                help=_HELP[flag],
-            )
-        else:
-            group.add_argument(
-                *names, dest=_dest(flag), default=argparse.SUPPRESS, metavar="VALUE", help=_HELP[flag]
-            )
+        add_config_flag(group, flag)
+
+
+def add_config_flag(group: _ActionsContainer, flag: str, *, first: str | None = None,
+                    help_text: str | None = None, metavar: str = "VALUE") -> None:
+    """One config flag as the plugin takes it (its aliases, its destination, read by
+    `overrides_from_args`), for a command that takes some of the plugin's settings; `first` puts one
+    of its names first in the help."""
+    names = [flag, *FLAG_ALIASES.get(flag, ())]
+    if first is not None:
+        names.remove(first)
+        names.insert(0, first)
+    if flag in BOOL_FLAGS:
+        group.add_argument(
+            *names,
+            dest=_dest(flag),
+            nargs="?",
+            const="true",
+            default=argparse.SUPPRESS,
+            metavar="BOOL",
+            help=help_text or _HELP[flag],
+        )
+    else:
+        group.add_argument(
+            *names, dest=_dest(flag), default=argparse.SUPPRESS, metavar=metavar,
+            help=help_text or _HELP[flag],
+        )
 
 
 def overrides_from_args(ns: argparse.Namespace) -> dict[str, object]:
