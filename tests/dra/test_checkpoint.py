@@ -157,6 +157,23 @@ def test_earlier_bad_files_are_kept(tmp_path: Path) -> None:
     assert sorted(p.read_bytes() for p in bad_files(path)) == [b"first", b"second", b"third"]
 
 
+def test_only_the_newest_bad_files_are_kept(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    # Left by earlier starts: older seconds, one of them with a numbered twin.
+    for name in ("bad-100", "bad-100-1", "bad-200", "bad-300", "bad-400"):
+        (tmp_path / f"checkpoint.json.{name}").write_bytes(name.encode())
+    (tmp_path / "checkpoint.json.bad-notes").write_bytes(b"not ours: another name")
+    for n in range(3):
+        path.write_bytes(b"garbage %d" % n)
+        assert load_checkpoint(str(path)).set_aside is not None
+    kept = bad_files(path)
+    assert len([p for p in kept if p.name != "checkpoint.json.bad-notes"]) == checkpoint.KEEP_SET_ASIDE == 5
+    assert sorted(p.read_bytes() for p in kept) == sorted(
+        [b"bad-300", b"bad-400", b"garbage 0", b"garbage 1", b"garbage 2", b"not ours: another name"])
+    assert [os.path.basename(p) for p in checkpoint.set_aside_files(str(path))][:2] == [
+        "checkpoint.json.bad-300", "checkpoint.json.bad-400"], "oldest first, by the time in the name"
+
+
 def test_a_good_save_after_a_set_aside(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
     path.write_bytes(b"{not json")

@@ -7,8 +7,10 @@ so a file changed by hand or written only in part is told from a good one. Write
 file that is synced and renamed over the checkpoint, under an exclusive `flock` on `<path>.lock`.
 
 A file that cannot be trusted (not JSON, a bad checksum, another version, older or newer) is never
-read in part and never deleted: it is renamed to `<path>.bad-<unix time>` and loading answers no
-claims with a `problem` saying what happened, so the caller rebuilds its state from the API server.
+read in part: it is renamed to `<path>.bad-<unix time>` and loading answers no claims with a
+`problem` saying what happened, so the caller rebuilds its state from the API server. The newest
+`KEEP_SET_ASIDE` such files are kept for inspection, older ones deleted, so a checkpoint that goes
+bad on every start does not fill the plugin's folder.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from nvdp.dra.server import PreparedDevice
 from nvdp.dra.sharing import ClaimShare
 
 CHECKPOINT_VERSION = 1
+KEEP_SET_ASIDE = 5
 _REBUILT = "the prepared claims are rebuilt from the API server"
 
 
@@ -102,14 +105,33 @@ def _parse(data: bytes) -> dict[str, ClaimEntry]:
 
 
 def _set_aside(path: str) -> str:
-    """Rename the file to a free `<path>.bad-<unix time>[-n]` name (an earlier bad file is kept too)."""
+    """Rename the file to a free `<path>.bad-<unix time>[-n]` name, then delete all but the newest
+    KEEP_SET_ASIDE such files."""
     base = f"{path}.bad-{int(time.time())}"
     target, n = base, 0
     while os.path.lexists(target):
         n += 1
         target = f"{base}-{n}"
     os.rename(path, target)
+    for old in set_aside_files(path)[:-KEEP_SET_ASIDE]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(old)
     return target
+
+
+def set_aside_files(path: str) -> list[str]:
+    """The files set aside from the checkpoint at `path`, oldest first (by the time and number in
+    their names: `<path>.bad-<unix time>[-n]`)."""
+    directory = os.path.dirname(path) or "."
+    prefix = f"{os.path.basename(path)}.bad-"
+    found: list[tuple[int, int, str]] = []
+    for name in os.listdir(directory):
+        if not name.startswith(prefix):
+            continue
+        stamp, _, n = name[len(prefix):].partition("-")
+        if stamp.isdigit() and (n.isdigit() or not n):
+            found.append((int(stamp), int(n or 0), os.path.join(directory, name)))
+    return [p for _, _, p in sorted(found)]
 
 
 def load_checkpoint(path: str) -> Loaded:
