@@ -201,8 +201,9 @@ def test_prepared_claims_survive_a_restart(tmp_path: Path) -> None:
     answer = first.prepare([ref(c)])["u1"]
     second = preparer(tmp_path, cluster, specs)
     assert second.restore(cluster.list) is None
+    assert cluster.gets == 2, "the start checked the claim with the API server"
     assert second.prepared()["u1"].state == COMPLETED
-    assert second.prepare([ref(c)])["u1"] == answer and cluster.gets == 1
+    assert second.prepare([ref(c)])["u1"] == answer and cluster.gets == 2, "answered from the checkpoint"
 
 
 def test_a_spec_file_lost_in_a_reboot_is_written_again(tmp_path: Path) -> None:

@@ -19,8 +19,11 @@ update waits its turn), and follows the order that keeps a crash at any point re
 Unprepare removes the spec and the entry and leaves the claim's MPS daemon (stopped with its last
 claim); a claim this plugin never prepared is a no-op (logged): the
 kubelet retries a failed unprepare forever and keeps the pod from terminating, and nothing is held.
-A checkpoint that cannot be read is set aside (kept) and the prepared claims are rebuilt from the
-claims the API server says are allocated on this node and reserved for a pod.
+At start (`restore`) the checkpoint's claims are checked with the API server: one it answers is gone
+is released. A checkpoint that cannot be read is set aside (kept) and the prepared claims are rebuilt
+from the claims the API server says are allocated on this node and reserved for a pod. Claim specs
+no prepared claim owns are removed only when the API server's answer shows their claim is not in use
+(nvdp.dra.rebuild); an unreachable API server or an unreadable claim removes nothing.
 """
 
 from __future__ import annotations
@@ -40,10 +43,12 @@ from msgspec.structs import replace
 from nvdp.cdi.spec import ContainerEdits
 from nvdp.dra.causes import API_ERROR, CDI_WRITE, DEVICE_BUSY, DEVICE_UNHEALTHY, LOCK_ACQUIRE, cause_of
 from nvdp.dra.checkpoint import ClaimEntry, load_checkpoint, save_checkpoint
-from nvdp.dra.claims import Allocated, ClaimProblem, check_claim, describe, our_results
+from nvdp.dra.claims import Allocated, ClaimProblem, check_claim, describe
 from nvdp.dra.devices import DraDevice
+from nvdp.dra.rebuild import in_use_here, orphaned_specs, released_because
 from nvdp.dra.server import ClaimRef, PreparedDevice, PrepareResult
 from nvdp.dra.sharing import ClaimShare, NodeSharing
+from nvdp.kube.claims import ClaimListing, UnreadableClaim
 
 STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
 # The kubelet gives a call 45 s; a plugin that cannot get the node-wide lock in this long answers the
@@ -51,6 +56,7 @@ STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
 LOCK_WAIT_S = 10.0
 
 GetClaim = Callable[[str, str], "Mapping[str, Any] | None"]
+ListClaims = Callable[[], "Sequence[Mapping[str, Any]]"]  # a ClaimListing says which it could not read
 
 
 class ClaimSpecs(Protocol):
@@ -99,48 +105,77 @@ class ClaimPreparer:
 
     # --- start ---------------------------------------------------------------------------------
 
-    def restore(self, list_claims: Callable[[], list[dict[str, Any]]] | None) -> str | None:
-        """Load the checkpoint; when it was unreadable, rebuild from `list_claims()` (the API server).
-        Then remove claim specs no prepared claim owns. Returns the checkpoint problem, if any."""
+    def restore(self, list_claims: ListClaims | None) -> str | None:
+        """Load the checkpoint, release its claims the API server says are gone; when it was unreadable,
+        rebuild from `list_claims()`. Then remove the claim specs proven orphaned (nvdp.dra.rebuild).
+        Returns the checkpoint problem, if any."""
         with self._locked():
             loaded = load_checkpoint(self._path)
             self._claims = dict(loaded.claims)
             if loaded.problem is not None:
                 self._log.error("%s", loaded.problem)
-                if list_claims is not None:
-                    self._rebuild(list_claims)
             for uid, entry in list(self._claims.items()):
                 if entry.state == STARTED:  # a crash between the two writes: nothing was handed out
                     self._log.info("Rolling back %s, left half prepared", describe(entry.namespace,
                                                                                    entry.name, uid))
                     self._specs.remove(uid)
                     del self._claims[uid]
+            self._release_gone()
+            listed = None
+            if list_claims is not None and (loaded.problem is not None or self._stray_specs()):
+                listed = self._list(list_claims)
+                if listed is not None and loaded.problem is not None:
+                    self._rebuild(listed)
             for uid, entry in self._claims.items():
                 self._sharing.adopt(uid, entry.share)
-            for uid in self._specs.present() - self._claims.keys():
-                self._log.info("Removing the CDI spec of claim %s, which is not prepared", uid)
-                self._specs.remove(uid)
+            self._remove_orphaned_specs(listed)
             self._save()
             self._log.info("Prepared claims on this node: %d", len(self._claims))
             return loaded.problem
 
-    def _rebuild(self, list_claims: Callable[[], list[dict[str, Any]]]) -> None:
+    def _release_gone(self) -> None:
+        """Release the prepared claims the API server answers are gone or no longer in use; on a
+        failed read keep them (the first failure to reach it stops the checks)."""
+        for uid, entry in list(self._claims.items()):
+            what = describe(entry.namespace, entry.name, uid)
+            try:
+                claim = self._get_claim(entry.namespace, entry.name)
+            except UnreadableClaim as err:
+                self._log.warning("Keeping %s as prepared: %s", what, err)
+                continue
+            except Exception as err:
+                self._log.warning("Cannot check the prepared claims with the API server (%s); keeping "
+                                  "them as prepared", err)
+                return
+            reason = released_because(claim, uid=uid)
+            if reason is not None:
+                self._log.info("Releasing %s: %s", what, reason)
+                self._specs.remove(uid)
+                del self._claims[uid]
+
+    def _stray_specs(self) -> frozenset[str]:
+        return self._specs.present() - self._claims.keys()
+
+    def _list(self, list_claims: ListClaims) -> Sequence[Mapping[str, Any]] | None:
         try:
             claims = list_claims()
-        except Exception as err:  # the API server is away: start empty, the kubelet asks again
-            self._log.error("Cannot list ResourceClaims to rebuild the prepared claims (%s); starting "
-                            "with none: running pods keep their devices, new claims are prepared as asked",
-                            err)
-            return
+        except Exception as err:  # the API server is away: nothing is known, nothing is removed
+            self._log.error("Cannot list ResourceClaims (%s); the claim specs on this node are kept, "
+                            "running pods keep their devices, new claims are prepared as asked", err)
+            return None
+        for unreadable in claims.unreadable if isinstance(claims, ClaimListing) else ():
+            self._log.error("Skipping a claim that cannot be read; a claim spec of this node that may be "
+                            "its is kept: %s", unreadable.problem)
+        return claims
+
+    def _rebuild(self, claims: Sequence[Mapping[str, Any]]) -> None:
         view = self._view()
         for claim in claims:
             meta = claim.get("metadata") or {}
-            if not (claim.get("status") or {}).get("reservedFor"):
-                continue
-            results = [r for r in our_results(claim, self.driver) if r.pool == self.pool]
-            if not results or any(r.device not in view.devices for r in results):
-                continue
             uid, namespace, name = meta.get("uid", ""), meta.get("namespace", ""), meta.get("name", "")
+            results = in_use_here(claim, driver=self.driver, pool=self.pool, devices=view.devices.keys())
+            if not results or uid in self._claims:
+                continue
             try:
                 share = self._sharing.share_of(claim, view.devices, self._claimed(results, view))
                 devices = self._write_spec(uid, results, view, self._sharing.edits(share))
@@ -150,6 +185,24 @@ class ClaimPreparer:
             self._claims[uid] = ClaimEntry(uid=uid, namespace=namespace, name=name, state=COMPLETED,
                                            devices=devices, share=share)
             self._log.info("Rebuilt %s from the API server", describe(namespace, name, uid))
+
+    def _remove_orphaned_specs(self, listed: Sequence[Mapping[str, Any]] | None) -> None:
+        stray = self._stray_specs()
+        unreadable = {u.uid for u in listed.unreadable} if isinstance(listed, ClaimListing) else set()
+        orphaned = orphaned_specs(stray, listed, unreadable)
+        for uid, reason in sorted(orphaned.items()):
+            self._log.info("Removing the CDI spec of claim %s, which is not prepared: %s", uid, reason)
+            self._specs.remove(uid)
+        if kept := sorted(stray - orphaned.keys()):
+            self._log.warning("Keeping the CDI specs of claims %s: not prepared here, and the API server "
+                              "has not shown them unused", ", ".join(kept))
+
+    def _read_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            return self._get_claim(namespace, name)
+        except UnreadableClaim as err:  # stored by the API server, beyond what nvdp decodes
+            raise ClaimProblem(f"cannot prepare {err}; correct that field (a claim's spec cannot change: "
+                               "create the claim again)") from None
 
     # --- the kubelet's calls -------------------------------------------------------------------
 
@@ -190,7 +243,7 @@ class ClaimPreparer:
             return PrepareResult(devices=entry.devices)
         view = self._view()
         try:
-            claim = self._get_claim(ref.namespace, ref.name)
+            claim = self._read_claim(ref.namespace, ref.name)
             results = check_claim(claim, namespace=ref.namespace, name=ref.name, uid=ref.uid,
                                   driver=self.driver, pool=self.pool, devices=view.devices.keys())
             assert claim is not None  # check_claim refuses a missing claim
