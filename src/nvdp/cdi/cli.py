@@ -1,8 +1,8 @@
 """`nvdp cdi generate`: print or write exactly the CDI specs the plugin would write on this node.
 
-It goes the plugin's way, through the plugin's own functions: the config from `--config` (else
-CONFIG_FILE), the environment and the plugin's CDI flags, the GPUs through NVML, the IMEX channels,
-the plan, then `nvdp.cdi.generate`. Run it in the plugin pod (`kubectl exec <pod> -- nvdp cdi
+It goes the plugin's way: the config from `--config` (else CONFIG_FILE), the environment and the
+plugin's CDI flags (loaded as the plugin loads them), the GPUs through NVML, the plan, then
+`nvdp.cdi.generate`. Run it in the plugin pod (`kubectl exec <pod> -- nvdp cdi
 generate`) to see what the plugin writes, or on a host as `nvidia-ctk cdi generate --driver-root R`
 is run: where the container driver root (/driver-root in the plugin's pod) does not exist, the
 driver's files and NVML are read where `--driver-root` points.
@@ -139,21 +139,24 @@ def _host_driver_root(config: Config) -> str | None:
 
 
 def generate_specs(args: argparse.Namespace, env: Mapping[str, str]) -> SpecSet:
-    """The SpecSet the plugin would write, or GenerateError with the cause and the fix. The plugin's
-    stages (nvdp.plugin.prepare): its GPUs, its IMEX channels, its plan, then its CDI generation."""
+    """The SpecSet the plugin would write, or GenerateError with the cause and the fix: the functions
+    the plugin's prepare calls (NVML discovery, the plan, `nvdp.cdi.generate`) on the config it loads."""
     from nvdp.cdi import generate
     from nvdp.cdi.errors import CdiError
-    from nvdp.plugin.imex import channels_on_node
-    from nvdp.plugin.prepare import NvmlMissing, StartupError, discover, make_plan
+    from nvdp.inventory.nvml import NvmlUnavailable, discover
+    from nvdp.plan import PlanError, plan
 
     config = load(args, env)
     _warn_unknown_feature_flags(config)
+    flags = config.flags
     try:
-        inventory = discover(config)
-        config = channels_on_node(config)
-        planned = make_plan(config, inventory)
-    except (NvmlMissing, StartupError) as err:
+        inventory = discover(flags.nvidia_driver_root, flags.plugin.container_driver_root)
+    except NvmlUnavailable as err:
         raise GenerateError(" ".join(str(err).split())) from None
+    try:
+        planned = plan(config, inventory)
+    except PlanError as err:
+        raise GenerateError(f"the configuration cannot be applied to this node's GPUs: {err}") from None
     try:
         return generate(config, inventory, planned)
     except CdiError as err:
