@@ -169,6 +169,7 @@ def test_the_preview_is_what_the_plugin_publishes(default_mode: str, monkeypatch
             where = f"{profile.stem} under {config.name if config else 'defaults'}"
             if isinstance(plugin, str):  # the plugin refuses the config: so does the preview
                 assert code == 2 and out == "", where
+                assert plugin.split("GPUs: ", 1)[1] in err, where  # for the same reason
                 refused += 1
                 continue
             assert code == 0, f"{where}: {err}"
