@@ -141,6 +141,22 @@ def test_a_shared_device_counts_once_for_each_claim_and_once_within_one() -> Non
     assert prepared_by_kind({}) == {"gpu": 0, "mig": 0}
 
 
+def test_a_kind_no_longer_prepared_reads_0(driver: str, recorder: Recorder) -> None:
+    from nvdp.dra.server import PreparedDevice
+
+    class Entry:
+        devices = (PreparedDevice(request_names=("x",), pool=NODE, device="nic-0", cdi_ids=()),)
+
+    claims: dict[str, Entry] = {"a": Entry()}
+    meter = Meter(recorder, driver, NODE, lambda: claims)
+    meter.prepared_devices()
+    assert sample("nvidia_dra_prepared_devices", node=NODE, driver=driver, device_type="unknown") == 1
+    claims.clear()
+    meter.prepared_devices()
+    assert series().PLUGIN.get_sample_value(
+        "nvidia_dra_prepared_devices", {"node": NODE, "driver": driver, "device_type": "unknown"}) == 0
+
+
 def test_claims_in_flight_are_counted_while_their_call_is_answered(driver: str, recorder: Recorder) -> None:
     entered, release = threading.Event(), threading.Event()
 

@@ -54,6 +54,7 @@ class Meter:
         self._driver = driver
         self._node = node
         self._prepared = prepared
+        self._kinds: set[str] = set()  # every kind exported so far: one no longer prepared reads 0
 
     def serving(self) -> None:
         """The server is up: its series exist from now on, the claims prepared before a restart counted."""
@@ -71,5 +72,9 @@ class Meter:
         self.prepared_devices()
 
     def prepared_devices(self) -> None:
-        if self._prepared is not None and self._recorder.metrics_enabled:
-            self._recorder.dra_prepared(self._node, self._driver, prepared_by_kind(self._prepared()))
+        if self._prepared is None or not self._recorder.metrics_enabled:
+            return
+        counts = prepared_by_kind(self._prepared())
+        self._kinds.update(counts)
+        every = {kind: counts.get(kind, 0) for kind in self._kinds}
+        self._recorder.dra_prepared(self._node, self._driver, every)
