@@ -145,7 +145,7 @@ def dra_plugin(work: Path, inventory: Inventory, claims: Mapping[tuple[str, str]
 
         mps_root = Path(tempfile.mkdtemp(prefix="mps", dir="/tmp"))  # unix socket paths are short
         manager = ClaimMps(root=mps_root, host_root="/run/nvidia/mps", driver=DRIVER, inventory=inventory,
-                           node_replicas={}, modes_factory=NoModes, log=log, recorder=Recorder())
+                           modes_factory=NoModes, log=log, recorder=Recorder())
         sharing = NodeSharing(driver=DRIVER, mps=manager, log=log, no_mps_reason="")
     preparer = ClaimPreparer(driver=DRIVER, pool=NODE, checkpoint_path=str(plugin_dir / "checkpoint.json"),
                              lock_path=str(plugin_dir / "pu.lock"),

@@ -20,3 +20,23 @@ def read_record(path: Path) -> list[dict[str, Any]]:
 
 def recorded_commands(path: Path) -> list[str]:
     return [e["command"] for e in read_record(path) if e["event"] == "command"]
+
+
+def recorded_servers(path: Path) -> list[dict[str, Any]]:
+    """Each MPS server the stand-in started, and each change of a running server's ceilings, in order."""
+    return [e for e in read_record(path) if e["event"] == "server"]
+
+
+def connect_client(pipe_dir: Path, client_env: dict[str, str]) -> dict[str, Any]:
+    """Play an MPS client with the CUDA_MPS_* variables `client_env` connecting to the stand-in daemon
+    at `pipe_dir`: its limits as the daemon's server holds it to them (a server is started for the first
+    client, with the defaults as its ceilings)."""
+    import os
+    import subprocess
+
+    args = " ".join(f"{k}={v}" for k, v in sorted(client_env.items()) if k.startswith("CUDA_MPS_"))
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)}
+    done = subprocess.run([str(CONTROL)], input=f"sim_client {args}\n", env=env, capture_output=True,
+                          text=True, timeout=10, check=True)
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer

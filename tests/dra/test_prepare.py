@@ -270,7 +270,7 @@ class FakeMps:
     def __init__(self) -> None:
         self.using: dict[str, tuple[str, ...]] = {}
 
-    def use(self, claim_uid: str, gpus: Sequence[str]) -> Any:
+    def use(self, claim_uid: str, gpus: Sequence[str], limits: Any = None) -> Any:
         self.using[claim_uid] = tuple(gpus)
         return self.mount(gpus)
 
@@ -283,7 +283,7 @@ class FakeMps:
     def release(self, claim_uid: str) -> None:
         self.using.pop(claim_uid, None)
 
-    def adopt(self, claim_uid: str, gpus: Sequence[str]) -> None:
+    def adopt(self, claim_uid: str, gpus: Sequence[str], limits: Any = None) -> None:
         self.using[claim_uid] = tuple(gpus)
 
     def stop(self) -> bool:

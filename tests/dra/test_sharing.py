@@ -8,18 +8,37 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from msgspec.structs import replace
 
 from nvdp.config.model import Config, Flags, ReplicatedResource, ReplicatedResources, Sharing
+from nvdp.dra.claims import ClaimProblem
 from nvdp.dra.devices import DraDevice, dra_devices, with_plan
 from nvdp.dra.gpuconfig import DeviceSharing, MpsLimits, SharingProblem
 from nvdp.dra.mps import ClaimMps, MpsUnavailable, daemon_name
-from nvdp.dra.sharing import ClaimShare, NodeSharing, claim_share, node_default
+from nvdp.dra.mps_limits import (
+    ClaimLimits,
+    DaemonLimits,
+    Enforcement,
+    daemon_ceiling,
+    enforcement,
+    read_limits,
+    write_limits,
+)
+from nvdp.dra.sharing import (
+    ClaimShare,
+    NodeSharing,
+    capacity_limits,
+    claim_share,
+    consumed_capacity,
+    node_default,
+)
 from nvdp.dra.slices import desired_slices, slice_content
 from nvdp.dra.timeslice import TimesliceError, set_timeslice
 from nvdp.inventory.profile import load_profile
+from nvdp.mps.commands import Ceiling, MpsGpu, MpsSettings
 from nvdp.plan import plan
 from nvdp.recording import Recorder
 from sim.nvml import resolve_profile
@@ -215,7 +234,7 @@ def claim_mps(mps_root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple
     monkeypatch.setenv(RECORD_ENV, str(mps_root / "record.jsonl"))
     modes = FakeModes()
     manager = ClaimMps(root=mps_root, host_root="/run/nvidia/mps", driver="gpu.nvidia.com",
-                       inventory=inventory(gpu(0), gpu(1)), node_replicas={}, modes_factory=lambda: modes,
+                       inventory=inventory(gpu(0), gpu(1)), modes_factory=lambda: modes,
                        log=LOG, recorder=Recorder(), ready_wait_s=10, probe_interval_s=0.05)
     yield manager, modes
     manager.stop()
@@ -272,9 +291,140 @@ def test_daemon_names_stay_short_for_gpu_sets() -> None:
 
 
 def test_without_mps_an_mps_claim_is_refused_with_the_reason() -> None:
-    from nvdp.dra.claims import ClaimProblem
-
     sharing = NodeSharing(driver="gpu.nvidia.com", mps=None, log=LOG, no_mps_reason="dra.mps is off")
     with pytest.raises(ClaimProblem, match=r"asks for MPS, which this plugin does not run: dra\.mps is off"):
         sharing.apply("u1", ClaimShare(mps_gpus=("GPU-A",), env=("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",)))
     assert sharing.apply("u1", ClaimShare()).env == ()
+
+
+# --- MPS limits from allocated capacity, and the daemon's ceiling ---------------------------------------
+
+
+def shared_t4(kind: str = "mps", replicas: int = 4) -> DraDevice:
+    (device,) = t4_devices(shared_config(kind, replicas))
+    return device
+
+
+def allocated(device: str, consumed: dict[str, str] | None, config: list[Any] | None = None,
+              driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    result: dict[str, Any] = {"request": "gpu", "driver": driver, "pool": "n", "device": device}
+    if consumed is not None:
+        result["consumedCapacity"] = consumed
+    return {"metadata": {"uid": "u1", "namespace": "ns", "name": "c"},
+            "spec": {"devices": {"requests": [{"name": "gpu"}], "config": config or []}},
+            "status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+def mps_config_entry(**fields: Any) -> dict[str, Any]:
+    return {"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": fields}}}}
+
+
+def share_of(claim: dict[str, Any], device: DraDevice) -> ClaimShare:
+    sharing = NodeSharing(driver="gpu.nvidia.com", mps=None, log=LOG, no_mps_reason="")
+    return sharing.share_of(claim, {device.name: device}, [device])
+
+
+def test_consumed_capacity_is_read_per_device_and_summed() -> None:
+    claim = allocated("gpu-0", {"memory": "4Gi", "replicas": "1"})
+    results = claim["status"]["allocation"]["devices"]["results"]
+    results.append({**results[0], "consumedCapacity": {"memory": "1Gi", "replicas": "1"}})
+    results.append({**results[0], "driver": "other.example.com", "consumedCapacity": {"memory": "9Gi"}})
+    assert consumed_capacity(claim, "gpu.nvidia.com") == {"gpu-0": {"memory": 5 * 1024 * MIB, "replicas": 2}}
+    assert consumed_capacity(allocated("gpu-0", None), "gpu.nvidia.com") == {}
+    with pytest.raises(ClaimProblem, match=r"results\[0\]\.consumedCapacity\.memory: 'lots' is not a "
+                                           "quantity"):
+        consumed_capacity(allocated("gpu-0", {"memory": "lots"}), "gpu.nvidia.com")
+
+
+def test_a_claims_consumed_capacity_maps_to_its_mps_limits() -> None:
+    device = shared_t4("mps", 4)  # a T4 shared 4 ways: each share 25%, 3840 MiB by default
+    assert capacity_limits(device, {"memory": 8 * 1024 * MIB, "replicas": 2}) == MpsLimits(
+        active_thread_percentage=50, pinned_memory_limit_mib=8192)
+    # The default request policy: exactly the node's 1/N split.
+    default = share_of(allocated("gpu-0", {"memory": str(15360 * MIB // 4), "replicas": "1"}), device)
+    assert default.mps_limits == ClaimLimits(thread_percentage=25, memory_mib=((device.gpu_uuid, 3840),))
+    # A claim allocated more than the default gets what it was allocated, not the node's 1/N.
+    more = share_of(allocated("gpu-0", {"memory": "8Gi", "replicas": "2"}), device)
+    assert more.mps_limits == ClaimLimits(thread_percentage=50, memory_mib=((device.gpu_uuid, 8192),))
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in more.env
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M" in more.env
+
+
+def test_a_gpuconfig_limit_wins_over_the_capacity_and_the_capacity_fills_the_rest() -> None:
+    device = shared_t4("timeSlicing", 4)  # replicas from the node, MPS from the claim's config
+    claim = allocated("gpu-0", {"memory": "6Gi", "replicas": "1"},
+                      config=[mps_config_entry(defaultActiveThreadPercentage=10)])
+    share = share_of(claim, device)
+    assert share.mps_limits == ClaimLimits(thread_percentage=10, memory_mib=((device.gpu_uuid, 6144),))
+    both = allocated("gpu-0", {"memory": "6Gi", "replicas": "1"},
+                     config=[mps_config_entry(defaultActiveThreadPercentage=40,
+                                              defaultPinnedDeviceMemoryLimit="2Gi")])
+    assert share_of(both, device).mps_limits == ClaimLimits(thread_percentage=40,
+                                                            memory_mib=((device.gpu_uuid, 2048),))
+
+
+def test_without_consumed_capacity_the_limits_are_the_configs_or_the_whole_gpu() -> None:
+    # The DRAConsumableCapacity gate off: no consumedCapacity, the node's 1/N split as before.
+    node = share_of(allocated("gpu-0", None), shared_t4("mps", 4))
+    assert node.mps_limits.thread_percentage == 25
+    plain = with_plan(dra_devices(T4), plan(Config(source="test"), T4))[0]
+    whole = share_of(allocated("gpu-0", None, config=[mps_config_entry()]), plain)
+    assert whole.uses_mps and whole.mps_limits == ClaimLimits()
+    assert not any(e.startswith("CUDA_MPS_ACTIVE") or e.startswith("CUDA_MPS_PINNED") for e in whole.env)
+
+
+def test_the_ceiling_is_the_largest_limit_among_the_claims() -> None:
+    gpus = ("GPU-A", "GPU-B")
+    quarter = ClaimLimits(thread_percentage=25, memory_mib=(("GPU-A", 4096), ("GPU-B", 2048)))
+    half = ClaimLimits(thread_percentage=50, memory_mib=(("GPU-A", 8192), ("GPU-B", 1024)))
+    assert daemon_ceiling(gpus, [quarter, quarter]) == Ceiling(25, (4096, 2048))
+    assert daemon_ceiling(gpus, [quarter, half]) == Ceiling(50, (8192, 2048))
+    # A claim without a limit on a GPU (or at all) leaves that part of the ceiling at the whole GPU.
+    one_gpu = ClaimLimits(memory_mib=(("GPU-A", 1024),))
+    assert daemon_ceiling(gpus, [quarter, one_gpu]) == Ceiling(100, (4096, None))
+    assert daemon_ceiling(gpus, []) == Ceiling(100, (None, None))
+
+
+def test_claims_asking_the_same_are_enforced_and_smaller_ones_are_advisory_below_the_ceiling() -> None:
+    gpus = ("GPU-A",)
+    quarter = ClaimLimits(thread_percentage=25, memory_mib=(("GPU-A", 4096),))
+    half = ClaimLimits(thread_percentage=50, memory_mib=(("GPU-A", 8192),))
+    same = daemon_ceiling(gpus, [quarter, quarter])
+    assert enforcement(quarter, gpus, same) == Enforcement(enforced=True, advisory=())
+    mixed = daemon_ceiling(gpus, [quarter, half])
+    assert enforcement(half, gpus, mixed).enforced
+    assert enforcement(quarter, gpus, mixed) == Enforcement(enforced=False, advisory=(
+        "25% threads (enforced: 50%)", "4096 MiB on GPU-A (enforced: 8192 MiB)"))
+
+
+def test_the_claims_ceiling_becomes_the_daemons_commands() -> None:
+    inv = inventory(gpu(0), gpu(1, "Tesla P100-PCIE-16GB", 16280, (6, 0)))
+    settings = MpsSettings(resource_name="gpu.nvidia.com/x", gpus=(
+        MpsGpu(uuid=inv.gpus[0].uuid, index=0, ordinal=0, name="Tesla T4", memory_bytes=15360 * MIB,
+               compute_capability=(7, 5), replicas=1),
+        MpsGpu(uuid=inv.gpus[1].uuid, index=1, ordinal=1, name="Tesla P100", memory_bytes=16280 * MIB,
+               compute_capability=(6, 0), replicas=1)), ceiling=Ceiling(50, (8192, 4096)))
+    # Pre-Volta GPUs take no memory limit, as in device-plugin mode.
+    assert settings.commands == ("set_default_active_thread_percentage 50",
+                                 "set_default_device_pinned_mem_limit 0 8192M")
+    unlimited = replace(settings, ceiling=Ceiling(100, (None, None)))
+    assert unlimited.commands == ("set_default_active_thread_percentage 100",)
+    # A running daemon: the defaults, and the same for each running server; no limit is the whole GPU.
+    assert unlimited.retune_commands(["4000000"]) == (
+        "set_default_active_thread_percentage 100", "set_default_device_pinned_mem_limit 0 15360M",
+        "set_active_thread_percentage 4000000 100", "set_device_pinned_mem_limit 4000000 0 15360M")
+
+
+def test_the_limits_file_round_trips_and_a_foreign_file_is_none(tmp_path: Path) -> None:
+    path = tmp_path / "limits.json"
+    claims = {"u1": ClaimLimits(thread_percentage=25, memory_mib=(("GPU-A", 4096),))}
+    write_limits(path, ("GPU-A",), Ceiling(25, (4096,)), claims)
+    assert read_limits(path) == DaemonLimits(gpus=("GPU-A",), ceiling=Ceiling(25, (4096,)), claims=claims)
+    path.write_text('{"gpus": ["GPU-A"], "ceiling": {"thread_percentage": 25, "memory_mib": []}, '
+                    '"claims": {}}')
+    assert read_limits(path) is None
+    path.write_text("not json")
+    assert read_limits(path) is None
+    assert read_limits(tmp_path / "missing.json") is None

@@ -1,6 +1,13 @@
 """The doctor's MPS check: for each resource shared with MPS, the control daemon answers, and the
 plugin's /dev/shm is the daemon's; when it does not, which of the usual causes it is (no
-`nvidia.com/mps.capable` label, the daemon failing, an unshared /dev/shm) and the fix."""
+`nvidia.com/mps.capable` label, the daemon failing, an unshared /dev/shm) and the fix.
+
+It also shows the limits MPS enforces: in device-plugin mode each resource's ceiling (the replica
+share, the same for every client, so all of it enforced); in DRA mode, for each MPS daemon the DRA
+plugin runs, the ceiling its server holds every client to and each claim's own limits, with the part
+of them only the claim's environment keeps (advisory) where claims on one GPU set ask for different
+limits. Both come from what the daemons compute and write (`nvdp.mps.commands`, `limits.json`).
+"""
 
 from __future__ import annotations
 
@@ -8,25 +15,87 @@ import logging
 import os
 from pathlib import Path
 
+from nvdp.config.model import Config
 from nvdp.doctor.report import Finding, failed, passed, skipped
 from nvdp.doctor.where import Where
-from nvdp.plan.model import Plan
+from nvdp.inventory.model import Inventory
+from nvdp.plan.model import Plan, PlannedResource
+
+DRA_TITLE = "the MPS limits of the DRA plugin's daemon for"
 
 
 class MpsChecks:
     where: Where
     plan: Plan | None
+    inventory: Inventory | None
+    config: Config
 
     def mps(self) -> list[Finding]:
         title = "the MPS control daemon answers"
+        claims = self._dra_mps_limits()
+        if self._dra_mode():
+            return claims or [passed("mps", title, "DRA mode: the DRA plugin runs MPS for its claims, and "
+                                                   "none on this node uses MPS")]
         if self.plan is None:
-            return [skipped("mps", title, "no plan (see above)")]
+            return [skipped("mps", title, "no plan (see above)"), *claims]
         shared = [r for r in self.plan.resources if r.sharing == "mps"]
         if not shared:
-            return [passed("mps", title, "no resource is shared with MPS")]
-        return [self._mps_resource(r.name) for r in shared]
+            return [passed("mps", title, "no resource is shared with MPS"), *claims]
+        return [self._mps_resource(r) for r in shared] + claims
 
-    def _mps_resource(self, name: str) -> Finding:
+    def _dra_mode(self) -> bool:
+        from nvdp.doctor.dra_check import dra_node, node_mode
+
+        node = dra_node(self.where.env)
+        return node.on and node_mode(self.config, self.where.env, node) == "dra"
+
+    def _limits(self, resource: PlannedResource) -> str:
+        """The resource's ceiling as its daemon computes it: the same for every client."""
+        from nvdp.mps.commands import MpsConfigError, mps_settings
+
+        if self.inventory is None:
+            return ""
+        try:
+            settings = mps_settings(resource, self.inventory)
+        except MpsConfigError as err:
+            return f"; limits: {err}"
+        memory = ", ".join(f"{mib} MiB on GPU {g.index}" if (mib := settings.memory_limit_mib(g)) is not None
+                           else f"no memory limit on GPU {g.index}" for g in settings.gpus)
+        return (f"; enforced for every client (each gets the same share): "
+                f"{settings.active_thread_percentage}% threads, {memory}")
+
+    def _dra_mps_limits(self) -> list[Finding]:
+        """One finding per MPS daemon the DRA plugin runs: its ceiling and each claim's limits."""
+        from nvdp.dra.mps_limits import LIMITS_FILE, describe_ceiling, enforcement, read_limits
+        from nvdp.dra.names import DEFAULT_DRIVER
+        from nvdp.mps.paths import container_root
+
+        driver = self.where.env.get("DRA_DRIVER_NAME") or DEFAULT_DRIVER
+        base = container_root(self.where.env) / driver
+        try:
+            files = sorted(base.glob(f"*/{LIMITS_FILE}"))
+        except OSError:
+            return []
+        findings = []
+        for path in files:
+            found = read_limits(path)
+            title = f"{DRA_TITLE} {path.parent.name}"
+            if found is None:
+                findings.append(failed("mps", title, f"{path} cannot be read as the daemon's limits",
+                                       "restart the DRA plugin pod: it writes the file again"))
+                continue
+            parts = [f"enforced ceiling (every client of its MPS server): "
+                     f"{describe_ceiling(found.gpus, found.ceiling)}"]
+            for uid, limits in sorted(found.claims.items()):
+                held = enforcement(limits, found.gpus, found.ceiling)
+                how = ("enforced" if held.enforced
+                       else f"advisory (its environment only): {'; '.join(held.advisory)}")
+                parts.append(f"claim {uid}: {limits.describe()}, {how}")
+            findings.append(passed("mps", title, "; ".join(parts)))
+        return findings
+
+    def _mps_resource(self, resource: PlannedResource) -> Finding:
+        name = resource.name
         from nvdp.mps.paths import container_root, shm_dir
         from nvdp.mps.status import read_status
         from nvdp.plugin.mps_gate import MPS_CAPABLE_LABEL, MpsGate
@@ -36,7 +105,7 @@ class MpsChecks:
         problem = gate.problem()
         shm_problem = self._shm_problem(shm_dir(container_root(self.where.env)))
         if problem is None and shm_problem is None:
-            return passed("mps", title, f"it answers at {gate.paths.pipe_dir}")
+            return passed("mps", title, f"it answers at {gate.paths.pipe_dir}{self._limits(resource)}")
         node = self.where.node_name or "<node>"
         causes, fixes = [], []
         status = read_status(gate.paths.status_file)

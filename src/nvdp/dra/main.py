@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
@@ -182,9 +182,8 @@ class DraProcess:
         with self._lock:
             self.serving = serving
             self.unhealthy = ledger.unhealthy  # GPUs that are down stay down across a re-read
-        if self.mps is not None:  # daemons already running keep their settings until their last claim
+        if self.mps is not None:  # daemons already running keep their GPUs; their claims set their limits
             self.mps.inventory = serving.inventory
-            self.mps.node_replicas = mps_replicas(serving.devices.values())
         names = ", ".join(serving.devices) or "none"
         self.log.info("Devices: %s", names)
         default_is, default_fix = env_default_mode(self.env)
@@ -314,7 +313,6 @@ class DraProcess:
         self.mps = ClaimMps(
             root=container_root(self.env), host_root=self.env.get(HOST_ROOT_ENV) or config.flags.mps_root,
             driver=self.driver, inventory=self.serving.inventory,
-            node_replicas=mps_replicas(self.serving.devices.values()),
             modes_factory=partial(NvmlComputeModes, config.flags.plugin.container_driver_root),
             log=self.log, recorder=self.recorder)
         return NodeSharing(driver=self.driver, mps=self.mps, log=self.log, no_mps_reason="", warner=warner)
@@ -547,11 +545,6 @@ class _CurrentSpecs:
 
     def present(self) -> frozenset[str]:
         return self._writer().present()
-
-
-def mps_replicas(devices: Iterable[DraDevice]) -> dict[str, int]:
-    """The replicas of each GPU the node's config shares with MPS: its MPS daemon's default limits."""
-    return {d.gpu_uuid: d.replicas for d in devices if d.kind == "gpu" and d.sharing == "mps"}
 
 
 def serve_probes(process: DraProcess, args: argparse.Namespace, log: logging.Logger) -> list[HttpEndpoints]:

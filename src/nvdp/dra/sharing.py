@@ -2,9 +2,12 @@
 
 `claim_share` (pure) turns the sharing each of a claim's devices gets (`nvdp.dra.gpuconfig`: the
 claim's and its classes' GpuConfig, else the node's sharing config) into a `ClaimShare`: the GPUs whose
-MPS daemon it joins, the MPS client variables of its containers, the intervals to set. `NodeSharing`
-carries it out at prepare and undoes it at unprepare; the checkpoint keeps each claim's `ClaimShare`,
-so a restarted plugin starts the same daemons and writes the same spec again.
+MPS daemon it joins, its MPS limits (for that daemon's ceiling and as the client variables of its
+containers), the intervals to set. An MPS limit the config does not set comes from the capacity the
+claim was allocated (`with_consumed`: `memory` is its pinned-memory limit, `replicas` r of a GPU's N its
+r/N of the threads). `NodeSharing` carries it out at prepare and undoes it at unprepare; the checkpoint
+keeps each claim's `ClaimShare`, so a restarted plugin starts the same daemons and writes the same spec
+again.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+import msgspec
 from msgspec import Struct
 
 from nvdp.cdi.spec import ContainerEdits, Mount
@@ -22,12 +26,16 @@ from nvdp.dra.claims import ClaimProblem
 from nvdp.dra.config_drivers import near_miss_configs
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.gpuconfig import DeviceSharing, MpsLimits, SharingProblem, device_sharing
-from nvdp.dra.mps import CONTAINER_PIPE_DIR, ClaimMps, MpsUnavailable, client_env
+from nvdp.dra.mps import CONTAINER_PIPE_DIR, ClaimMps, MpsUnavailable, claim_limits, client_env
+from nvdp.dra.mps_limits import ClaimLimits
+from nvdp.dra.quantity import QuantityError, quantity_value
+from nvdp.dra.slices import REPLICAS_CAPACITY
 from nvdp.dra.timeslice import TimesliceError, set_timeslice
 
 MIB = 1024 * 1024
 # As NVIDIA's DRA driver mounts the MPS folders: written to by the clients, nothing else.
 MPS_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "bind")
+NODE_SOURCE = "node config (sharing.mps)"
 
 
 class ClaimShare(Struct, frozen=True, omit_defaults=True):
@@ -35,6 +43,7 @@ class ClaimShare(Struct, frozen=True, omit_defaults=True):
 
     mps_gpus: tuple[str, ...] = ()  # the GPUs of the MPS daemon its containers use
     env: tuple[str, ...] = ()  # "KEY=value" for all its containers: the MPS pipe and client limits
+    mps_limits: ClaimLimits = ClaimLimits()  # its part in its MPS daemon's ceiling (none: the whole GPU)
     timeslices: tuple[tuple[str, str], ...] = ()  # (GPU UUID, interval) set when it was prepared
 
     @property
@@ -48,12 +57,72 @@ def node_default(device: DraDevice) -> DeviceSharing:
     if device.sharing == "mps" and device.kind == "gpu":
         memory = int(device.capacity.get("memory", {}).get("value", "0") or 0)
         mib = memory // device.replicas // MIB if memory else None
-        return DeviceSharing(strategy="MPS", source="node config (sharing.mps)",
+        return DeviceSharing(strategy="MPS", source=NODE_SOURCE,
                              mps=MpsLimits(active_thread_percentage=max(1, 100 // device.replicas),
                                            pinned_memory_limit_mib=mib or None))
     if device.sharing == "time-slicing":
         return DeviceSharing(strategy="TimeSlicing", source="node config (sharing.timeSlicing)")
     return DeviceSharing()
+
+
+def consumed_capacity(claim: Mapping[str, Any], driver: str) -> dict[str, dict[str, int]]:
+    """The capacity the scheduler allocated the claim from each device of `driver` (consumable
+    capacity: `consumedCapacity` in its allocation results), by device name; summed over the results
+    naming one device. ClaimProblem naming the field when a value is not a quantity."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    found: dict[str, dict[str, int]] = {}
+    for i, result in enumerate(results):
+        consumed = result.get("consumedCapacity") if isinstance(result, Mapping) else None
+        if not isinstance(consumed, Mapping) or result.get("driver") != driver:
+            continue
+        device = found.setdefault(str(result.get("device", "")), {})
+        for name, value in consumed.items():
+            try:
+                amount = quantity_value(value)
+            except (QuantityError, TypeError) as err:
+                raise ClaimProblem(f"status.allocation.devices.results[{i}].consumedCapacity.{name}: "
+                                   f"{err}; the claim must be allocated again") from None
+            device[str(name)] = device.get(str(name), 0) + amount
+    return found
+
+
+def capacity_limits(device: DraDevice, consumed: Mapping[str, int]) -> MpsLimits:
+    """The MPS limits a device's allocated capacity maps to: `memory` as its pinned-memory limit,
+    `replicas` r of the device's N as r/N of the threads (at least 1%)."""
+    memory = consumed.get("memory")
+    replicas = consumed.get(REPLICAS_CAPACITY)
+    threads = None
+    if replicas is not None and device.replicas > 1:
+        threads = min(100, max(1, 100 * replicas // device.replicas))
+    mib = max(1, memory // MIB) if memory else None
+    return MpsLimits(active_thread_percentage=threads, pinned_memory_limit_mib=mib)
+
+
+def with_consumed(sharing: Mapping[str, DeviceSharing], devices: Mapping[str, DraDevice],
+                  consumed: Mapping[str, Mapping[str, int]]) -> dict[str, DeviceSharing]:
+    """Each MPS device's limits, those its GpuConfig leaves unset taken from its allocated capacity.
+    The node's default (1/N of the GPU) is what a claim allocated with the default request policy
+    consumes; a claim allocated more (`capacity.requests`) gets what it was allocated."""
+    out = dict(sharing)
+    for name, share in sharing.items():
+        taken = consumed.get(name)
+        if share.strategy != "MPS" or not taken or name not in devices:
+            continue
+        derived = capacity_limits(devices[name], taken)
+        given = MpsLimits() if share.source == NODE_SOURCE else share.mps or MpsLimits()
+        fallback = share.mps or MpsLimits()
+        limits = MpsLimits(
+            active_thread_percentage=_first(given.active_thread_percentage, derived.active_thread_percentage,
+                                            fallback.active_thread_percentage),
+            pinned_memory_limit_mib=_first(given.pinned_memory_limit_mib, derived.pinned_memory_limit_mib,
+                                           fallback.pinned_memory_limit_mib))
+        out[name] = msgspec.structs.replace(share, mps=limits)
+    return out
+
+
+def _first(*values: int | None) -> int | None:
+    return next((v for v in values if v is not None), None)
 
 
 def claim_share(devices: Sequence[DraDevice], sharing: Mapping[str, DeviceSharing]) -> ClaimShare:
@@ -67,18 +136,23 @@ def claim_share(devices: Sequence[DraDevice], sharing: Mapping[str, DeviceSharin
             "not; a container uses MPS for all its GPUs or for none: give every request of the claim the "
             "same sharing strategy")
     env: dict[str, str] = {}
+    mps_limits = ClaimLimits()
     if mps:
         limits = [sharing[d.name].mps or MpsLimits() for d in mps]
         threads = [x.active_thread_percentage for x in limits if x.active_thread_percentage is not None]
         # One client process has one thread share: the smallest any of its devices' configs asks for.
-        env = client_env(min(threads) if threads else None, [x.pinned_memory_limit_mib for x in limits])
+        thread_share = min(threads) if threads else None
+        env = client_env(thread_share, [x.pinned_memory_limit_mib for x in limits])
+        mps_limits = claim_limits(thread_share, [(d.gpu_uuid, x.pinned_memory_limit_mib)
+                                                 for d, x in zip(mps, limits, strict=True)])
     timeslices = tuple(
         (d.gpu_uuid, s.interval) for d in devices
         if (s := sharing.get(d.name, DeviceSharing())).strategy == "TimeSlicing" and s.interval is not None
         and d.kind == "gpu"
     )
     return ClaimShare(mps_gpus=tuple(dict.fromkeys(d.gpu_uuid for d in mps)),
-                      env=tuple(f"{k}={v}" for k, v in env.items()), timeslices=timeslices)
+                      env=tuple(f"{k}={v}" for k, v in env.items()), timeslices=timeslices,
+                      mps_limits=mps_limits)
 
 
 class ClaimWarner(Protocol):
@@ -113,6 +187,7 @@ class NodeSharing:
                 self.log.warning("Claim %s/%s: %s", meta.get("namespace"), meta.get("name"), message)
         try:
             sharing = device_sharing(claim, self.driver, devices, default=node_default)
+            sharing = with_consumed(sharing, devices, consumed_capacity(claim, self.driver))
             return claim_share(claimed, sharing)
         except SharingProblem as err:
             raise ClaimProblem(f"invalid sharing config: {err}", INVALID_CONFIG) from None
@@ -132,7 +207,7 @@ class NodeSharing:
                 raise ClaimProblem(f"the claim asks for MPS, which this plugin does not run: "
                                    f"{self.no_mps_reason}", SHARING_SETUP)
             try:
-                self.mps.use(claim_uid, share.mps_gpus)
+                self.mps.use(claim_uid, share.mps_gpus, share.mps_limits)
             except MpsUnavailable as err:
                 raise ClaimProblem(str(err), SHARING_SETUP) from None
         return self.edits(share)
@@ -155,7 +230,7 @@ class NodeSharing:
         """A claim prepared before a restart: its MPS daemon runs again."""
         if share.uses_mps and self.mps is not None:
             try:
-                self.mps.adopt(claim_uid, share.mps_gpus)
+                self.mps.adopt(claim_uid, share.mps_gpus, share.mps_limits)
             except MpsUnavailable as err:
                 self.log.error("Claim %s used MPS on %s before the restart, and its daemon cannot start "
                                "again: %s", claim_uid, ", ".join(share.mps_gpus), err)

@@ -1,11 +1,17 @@
 """What each MPS control daemon is told: thread share and pinned-memory limit per GPU.
 
-Pure functions of the plan and the inventory, so the arithmetic is tested without processes.
+These are the server's ceilings: every client of the daemon's MPS server is held to them, and a client's
+own `CUDA_MPS_*` variables can only lower them (measured on an H100). They are defaults, applied by the
+daemon to each server it starts afterwards, so they are sent before the daemon is marked ready and any
+client can connect. In device-plugin mode they are the node config's replica share (100/N % of the
+threads, memory/N pinned); in DRA mode, the largest limits among the claims on the daemon's GPUs
+(`Ceiling`). Pure functions of the plan and the inventory, so the arithmetic is tested without processes.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 from msgspec import Struct
 
@@ -44,9 +50,17 @@ class MpsGpu(Struct, frozen=True):
         return self.memory_bytes // self.replicas // MIB
 
 
+class Ceiling(Struct, frozen=True):
+    """A DRA daemon's limits, set by the claims that use it rather than by replicas."""
+
+    thread_percentage: int  # 1..100
+    memory_mib: tuple[int | None, ...]  # per GPU, in the daemon's order; None: no limit
+
+
 class MpsSettings(Struct, frozen=True):
     resource_name: str
     gpus: tuple[MpsGpu, ...]  # in CUDA_VISIBLE_DEVICES order
+    ceiling: Ceiling | None = None  # DRA: the claims' ceiling, in place of the replica share
 
     @property
     def replicas(self) -> int:
@@ -54,7 +68,17 @@ class MpsSettings(Struct, frozen=True):
 
     @property
     def active_thread_percentage(self) -> int:
+        if self.ceiling is not None:
+            return self.ceiling.thread_percentage
         return 100 // self.replicas
+
+    def memory_limit_mib(self, gpu: MpsGpu) -> int | None:
+        """The pinned-memory ceiling of one of the daemon's GPUs; None: none (or none can be set)."""
+        if self.ceiling is None:
+            return gpu.pinned_memory_limit_mib
+        if gpu.compute_capability < MIN_CC_FOR_MEMORY_LIMIT:
+            return None
+        return self.ceiling.memory_mib[gpu.ordinal]
 
     @property
     def visible_devices(self) -> str:
@@ -63,19 +87,39 @@ class MpsSettings(Struct, frozen=True):
 
     @property
     def commands(self) -> tuple[str, ...]:
+        """The defaults for the servers the daemon starts: sent before any client can connect."""
         lines = [f"set_default_active_thread_percentage {self.active_thread_percentage}"]
         for gpu in self.gpus:
-            limit = gpu.pinned_memory_limit_mib
+            limit = self.memory_limit_mib(gpu)
             if limit is not None:
                 lines.append(f"set_default_device_pinned_mem_limit {gpu.ordinal} {limit}M")
+        return tuple(lines)
+
+    def retune_commands(self, servers: Sequence[str]) -> tuple[str, ...]:
+        """A running daemon's new ceiling: its defaults for servers started later, and the same limits
+        for each server already running (`servers`: their PIDs), which its next clients get. A GPU
+        without a limit gets its whole memory, since a limit once set cannot be unset."""
+        memory = []
+        for gpu in self.gpus:
+            if gpu.compute_capability < MIN_CC_FOR_MEMORY_LIMIT or gpu.memory_bytes <= 0:
+                continue
+            limit = self.memory_limit_mib(gpu)
+            memory.append((gpu.ordinal, limit if limit is not None else gpu.memory_bytes // MIB))
+        lines = [f"set_default_active_thread_percentage {self.active_thread_percentage}"]
+        lines += [f"set_default_device_pinned_mem_limit {ordinal} {mib}M" for ordinal, mib in memory]
+        for pid in servers:
+            lines.append(f"set_active_thread_percentage {pid} {self.active_thread_percentage}")
+            lines += [f"set_device_pinned_mem_limit {pid} {ordinal} {mib}M" for ordinal, mib in memory]
         return tuple(lines)
 
     def describe(self) -> str:
         parts = []
         for gpu in self.gpus:
-            limit = gpu.pinned_memory_limit_mib
-            memory = f"{limit}M pinned memory each" if limit is not None else "no memory limit"
-            parts.append(f"GPU {gpu.index} ({gpu.name}, {gpu.uuid}): {gpu.replicas} replicas, {memory}")
+            limit = self.memory_limit_mib(gpu)
+            each = "" if self.ceiling is not None else " each"
+            memory = f"{limit}M pinned memory{each}" if limit is not None else "no memory limit"
+            share = "claims' ceiling" if self.ceiling is not None else f"{gpu.replicas} replicas"
+            parts.append(f"GPU {gpu.index} ({gpu.name}, {gpu.uuid}): {share}, {memory}")
         return (
             f"{self.resource_name}: active thread percentage {self.active_thread_percentage}; "
             + "; ".join(parts)

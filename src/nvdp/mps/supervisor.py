@@ -89,6 +89,7 @@ class ResourceDaemon:
         self._status_problem: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._settings_lock = threading.Lock()
         self._tail = LogTail(
             paths.control_log,
             settings.resource_name,
@@ -109,6 +110,22 @@ class ResourceDaemon:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._supervise, name=f"mps {self.name}", daemon=True)
         self._thread.start()
+
+    def retune(self, settings: MpsSettings) -> None:
+        """New limits (a DRA daemon's ceiling, as its claims come and go) for the same GPUs. A daemon
+        that answers gets them now: as its defaults, and for each MPS server it runs, so that their
+        next clients are held to them; one that does not yet gets them when it starts.
+        MpsCommandError when the running daemon did not take them."""
+        with self._settings_lock:
+            self.settings = settings
+            if not self.paths.ready_marker.exists():
+                return
+            listed = self._send(["get_server_list"])
+            servers = [line.strip() for line in listed.splitlines() if line.strip().isdigit()]
+            output = self._send(settings.retune_commands(servers))
+        if output:
+            raise control.MpsCommandError(f"the MPS control daemon answered its new limits with: {output}")
+        self.log.info("%s: limits now %s", self.name, settings.describe())
 
     def stop(self) -> bool:
         """Quit the daemon, restore compute modes, remove the marker. Safe to call more than once.
@@ -251,11 +268,13 @@ class ResourceDaemon:
             self.pid if self.pid is not None else "unknown",
             self.settings.visible_devices,
         )
-        output = self._send(self.settings.commands)
-        if output:
-            self.log.warning("%s: the MPS control daemon answered its settings with: %s", self.name, output)
-        self._probe()
-        self.paths.ready_marker.write_text(f"{self.pid or ''}\n")
+        with self._settings_lock:  # a retune meanwhile either comes before the defaults or after the marker
+            output = self._send(self.settings.commands)
+            if output:
+                self.log.warning("%s: the MPS control daemon answered its settings with: %s", self.name,
+                                 output)
+            self._probe()
+            self.paths.ready_marker.write_text(f"{self.pid or ''}\n")
         self._publish("ready", None)
         self.recorder.mps_daemon_start(self.name, True)
         self.recorder.mps_daemon_ready(self.name, True)
