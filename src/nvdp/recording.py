@@ -11,15 +11,21 @@ stays cheap. Metrics are off until `enable_metrics()` (`--metrics-address`): unt
 prometheus-client is not even imported, and a process without the flag pays nothing for them.
 Node Events go to the process's one writer (`attach_events`, nvdp.node_events.NodeEvents,
 which sends them on its own thread); without API access there is none and the log is all. The
-Recorder words the Events (what a kubectl user reads); the writer only sends them.
+Recorder words the Events (what a kubectl user reads); the writer only sends them. Every reason is
+declared in nvdp.event_reasons; an undeclared one is refused with an ERROR in the log.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any, Protocol
+
+from nvdp.event_reasons import undeclared
+
+log = logging.getLogger("nvdp.recording")
 
 
 class EventWriter(Protocol):
@@ -63,7 +69,12 @@ class Recorder:
     # --- Node Events -------------------------------------------------------------------------
 
     def event(self, reason: str, message: str, *, warning: bool = True) -> None:
-        """An Event on the Node (Warning, or Normal with `warning=False`); the caller logs it too."""
+        """An Event on the Node (Warning, or Normal with `warning=False`); the caller logs it too.
+        A reason not declared for the Node in nvdp.event_reasons is not recorded (logged as an ERROR)."""
+        problem = undeclared(reason, "Node")
+        if problem is not None:
+            log.error("%s; not recorded: %s", problem, message)
+            return
         if self._events is not None:
             self._events.record("Warning" if warning else "Normal", reason, message)
 

@@ -13,6 +13,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from nvdp.event_reasons import undeclared
+
 if TYPE_CHECKING:
     from nvdp.kube import KubeClient
 
@@ -35,12 +37,17 @@ class ClaimEvents:
         self.recorded = 0
 
     def warning(self, claim: Mapping[str, Any], reason: str, message: str) -> None:
-        """Log the warning, and record it on the claim unless it was already."""
+        """Log the warning, and record it on the claim unless it was already (or its reason is not
+        declared for claims in nvdp.event_reasons: logged as an ERROR)."""
         from nvdp.kube import record_claim_event
 
         meta = claim.get("metadata") or {}
         namespace, name, uid = (str(meta.get(k, "")) for k in ("namespace", "name", "uid"))
         self._log.warning("Claim %s/%s: %s", namespace, name, message)
+        problem = undeclared(reason, "ResourceClaim")
+        if problem is not None:
+            self._log.error("%s; not recorded on claim %s/%s", problem, namespace, name)
+            return
         key = (uid, reason)
         if key in self._sent:
             return
