@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # The whole test suite: venv + installs, stand-in NVML build, ruff, mypy, import contracts, pytest.
+# --quick: the same checks, and only the tests that start no process, API server or cluster (the
+# fast loop while working; tests/conftest.py fails a quick test that starts a process unmarked).
 set -euo pipefail
+QUICK=0
+if [ "${1:-}" = "--quick" ]; then
+  QUICK=1
+  shift
+fi
 . "$(dirname "$0")/venv.sh"
 cd "$ROOT"
 # Tests of the Kubernetes API edge start throwaway kube-apiservers from KUBEBUILDER_ASSETS; the
 # kit's idempotent setup.sh provides them (about 20 s when its Debian packages are present).
 K8S_KIT="${NVDP_K8S_KIT:-$ROOT/../shared/k8s}"
 export K8S_DIR="${K8S_DIR:-/tmp/nvdp-k8s}"
-if [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ ! -x "$K8S_DIR/assets/bin/kube-apiserver" ] \
+if [ "$QUICK" = 0 ] && [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ ! -x "$K8S_DIR/assets/bin/kube-apiserver" ] \
    && [ "$(id -u)" = 0 ] && [ -x "$K8S_KIT/setup.sh" ]; then
   echo "== kit setup.sh (KUBEBUILDER_ASSETS for the API-server tests)"
   bash "$K8S_KIT/setup.sh" >"${TMPDIR:-/tmp}/nvdp-kit-setup.log" 2>&1 \
@@ -19,4 +26,7 @@ fi
 echo "== ruff"; ruff check src tests sim bench scripts
 echo "== mypy"; mypy
 echo "== lint-imports"; lint-imports --no-cache
+if [ "$QUICK" = 1 ]; then
+  echo "== pytest (quick: not slow)"; NVDP_QUICK=1 exec pytest -q -m "not slow" "$@"
+fi
 echo "== pytest"; exec pytest -q "$@"

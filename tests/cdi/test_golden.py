@@ -56,7 +56,10 @@ from tests.cdi.cdischema import schema_errors
 from tests.cdi.compare import Tally, compare_spec
 
 REASON = why_cannot_run()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"golden CDI comparison: {REASON}")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(REASON is not None, reason=f"golden CDI comparison: {REASON}"),
+]
 
 DISCOVER = """
 import sys, msgspec

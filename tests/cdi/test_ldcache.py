@@ -54,6 +54,7 @@ ENTRIES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isfile("/etc/ld.so.cache") or shutil.which("ldconfig") is None,
                     reason="no /etc/ld.so.cache or ldconfig on this machine")
 def test_the_hosts_cache_matches_ldconfig() -> None:

@@ -28,7 +28,7 @@ from nvdp.plan import plan
 from sim.nvml import NodeSim
 from tests.cdi.trees import char_device, needs_root, touch
 
-pytestmark = needs_root
+pytestmark = [pytest.mark.slow, needs_root]
 
 CAPS_MAJOR = 237
 DISCOVER = """

@@ -139,6 +139,7 @@ def test_a_folder_whose_parent_is_a_file_is_refused(tmp_path: Path) -> None:
         write_file(b"{}", str(tmp_path / "file/k8s.device-plugin.nvidia.com-gpu.json"))
 
 
+@pytest.mark.slow
 @needs_root
 def test_a_read_only_mount_is_named_as_such(tmp_path: Path) -> None:
     folder = tmp_path / "cdi"

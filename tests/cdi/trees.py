@@ -6,13 +6,22 @@ import os
 import shutil
 import stat
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: mknod for device nodes")
-needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build a small ELF library")
+_gcc_missing = pytest.mark.skipif(
+    shutil.which("gcc") is None, reason="needs gcc to build a small ELF library"
+)
+
+
+def needs_gcc(test: Callable[..., None]) -> Callable[..., None]:
+    """A test that compiles a small ELF library: skipped without gcc, and slow (it starts gcc)."""
+    marked: Callable[..., None] = pytest.mark.slow(_gcc_missing(test))
+    return marked
 
 
 def elf_library(path: Path, soname: str | None) -> Path:

@@ -141,6 +141,7 @@ def test_show_reports_env_errors(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     ]
 
 
+@pytest.mark.slow
 def test_cli_never_shows_a_traceback(tmp_path: Path) -> None:
     path = write(tmp_path, "\x00\xff not yaml", "bad.yaml")
     result = subprocess.run(

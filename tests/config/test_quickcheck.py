@@ -117,6 +117,7 @@ def _at(doc: Any, path: tuple[Any, ...]) -> Any:
     return doc
 
 
+@pytest.mark.slow
 def test_loading_a_valid_config_does_not_import_jsonschema(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_bytes((HERE / "valid" / "time-slicing.yaml").read_bytes())
@@ -130,6 +131,7 @@ def test_loading_a_valid_config_does_not_import_jsonschema(tmp_path: Path) -> No
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_loading_without_a_config_file_needs_no_yaml_parser() -> None:
     code = (
         "import sys\n"

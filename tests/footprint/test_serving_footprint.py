@@ -122,6 +122,7 @@ def probes(served: Served) -> tuple[dict[str, Any], dict[str, Any]]:
     return after_start, served.probe()
 
 
+@pytest.mark.slow
 def test_serving_process_imports_only_what_it_serves_with(probes: tuple[dict[str, Any], ...]) -> None:
     after_start, after_allocates = probes
     for probe in probes:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts processes
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted(ROOT.glob("images/*/Dockerfile"))
 HADOLINT = Path(sys.executable).with_name("hadolint")

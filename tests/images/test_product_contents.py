@@ -152,6 +152,7 @@ def test_kit_release_images_hold_the_wheel_alone(
         assert tool_files(files) == [], name
 
 
+@pytest.mark.slow
 def test_kit_stand_in_images_add_the_stand_ins_and_no_kubelet(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, wheel: Path
 ) -> None:

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts processes
+
 ROOT = Path(__file__).resolve().parents[2]
 T4 = "GPU-a4d98c34-f034-41fa-9519-b5bab976e4df"
 UPSTREAM = Path(os.environ.get("NVDP_UPSTREAM_SHARED", ROOT.parent / "shared" / "upstream"))

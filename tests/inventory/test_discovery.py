@@ -13,6 +13,8 @@ from nvdp.inventory import model
 from nvdp.inventory.profile import load_profile
 from sim.nvml import NodeSim, list_profiles
 
+pytestmark = pytest.mark.slow  # starts processes
+
 RunPy = Callable[..., subprocess.CompletedProcess[str]]
 
 DISCOVER = """

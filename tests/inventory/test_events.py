@@ -13,6 +13,8 @@ from sim.nvml import NodeSim
 
 from .conftest import line_process
 
+pytestmark = pytest.mark.slow  # starts processes
+
 RunPy = Callable[..., subprocess.CompletedProcess[str]]
 
 # Registers every GPU, prints READY, then reports each event it waits for (one per stdin line).

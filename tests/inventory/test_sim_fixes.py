@@ -7,9 +7,13 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from sim.nvml import LIBRARY_NAME, PROFILES_DIR, NodeSim, build_library
 
 from .conftest import python_env
+
+pytestmark = pytest.mark.slow  # starts processes
 
 RunPy = Callable[..., subprocess.CompletedProcess[str]]
 T4 = "GPU-a4d98c34-f034-41fa-9519-b5bab976e4df"

@@ -19,6 +19,8 @@ from sim.nvml import PROFILES_DIR, NodeSim
 
 from .conftest import line_process
 
+pytestmark = pytest.mark.slow  # starts processes
+
 # A long-lived process that answers one JSON line per command line, so a test can change the state between
 # calls and see the same process (one nvmlInit) read the change:
 #   read <uuid>       identity, memory and every health reading of a GPU or MIG device

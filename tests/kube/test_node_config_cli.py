@@ -8,7 +8,11 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.kube.envtest import ControlPlane
+
+pytestmark = pytest.mark.slow  # starts processes
 
 LABEL = "nvidia.com/device-plugin.config"
 TS = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 4}\n"

@@ -21,6 +21,8 @@ from nvdp.plugin.errors import StartupError
 
 from .fakes import gpu, inventory
 
+pytestmark = pytest.mark.slow  # starts processes
+
 LOG = logging.getLogger("test.cdi_specs")
 VENDOR = "k8s.device-plugin.nvidia.com"
 
