@@ -1,6 +1,7 @@
 """The slice publisher and the DRA plugin's Events against a real kube-apiserver: a foreign slice at
 the top of the generation range, a refused publish recorded as one Warning Event on the Node per
-failure streak, and a claim config addressed to a mistyped driver name recorded on the claim."""
+failure streak, and a claim config addressed to a mistyped driver name recorded on the claim (with the
+chart's RBAC, as the plugin's own token)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,23 @@ from nvdp.kube import connect, create_slice, get_claim, replace_slice
 from nvdp.node_events import NodeEvents
 from nvdp.recording import Recorder
 from tests.kube.envtest import ControlPlane
-from tests.kube.test_dra_api import DRIVER, device_names, eventually, gpu, slices, unique
+from tests.kube.test_dra_api import (  # noqa: F401 (plane: the chart's DRA objects applied, a fixture)
+    DRIVER,
+    device_names,
+    eventually,
+    gpu,
+    plane,
+    pod_token_kubeconfig,
+    slices,
+    unique,
+)
 
 pytestmark = pytest.mark.slow
 LOG = logging.getLogger("test.dra.publish")
 
 
-def events(plane: ControlPlane, namespace: str, name: str, reason: str) -> list[dict[str, Any]]:
-    found = plane.kubectl("get", "events", "-n", namespace, "-o", "json", "--field-selector",
+def events(api: ControlPlane, namespace: str, name: str, reason: str) -> list[dict[str, Any]]:
+    found = api.kubectl("get", "events", "-n", namespace, "-o", "json", "--field-selector",
                           f"involvedObject.name={name},reason={reason}").stdout
     return list(json.loads(found)["items"])
 
@@ -117,21 +127,21 @@ PARAMS = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
           "sharing": {"strategy": "TimeSlicing"}}
 
 
-def make_claim(plane: ControlPlane, namespace: str, node: str, config_driver: str) -> dict[str, Any]:
+def make_claim(api: ControlPlane, namespace: str, node: str, config_driver: str) -> dict[str, Any]:
     name = unique("claim")
     config = {"requests": ["gpu"], "opaque": {"driver": config_driver, "parameters": PARAMS}}
     claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
              "metadata": {"name": name, "namespace": namespace},
              "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
                                   "config": [config]}}}
-    plane.kubectl("create", "-f", "-", input_text=json.dumps(claim))
+    api.kubectl("create", "-f", "-", input_text=json.dumps(claim))
     # What the scheduler writes: the allocation, with the claim's config copied.
     allocation = {"devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node,
                                            "device": "gpu-0"}],
                               "config": [{"source": "FromClaim", **config}]}}
-    plane.kubectl("-n", namespace, "patch", "resourceclaim", name, "--subresource=status", "--type=merge",
+    api.kubectl("-n", namespace, "patch", "resourceclaim", name, "--subresource=status", "--type=merge",
                   "-p", json.dumps({"status": {"allocation": allocation}}))
-    found = get_claim(connect(plane.admin_kubeconfig), namespace, name)
+    found = get_claim(connect(api.admin_kubeconfig), namespace, name)
     assert found is not None and found["status"]["allocation"]
     return found
 
@@ -158,3 +168,17 @@ def test_a_config_for_a_mistyped_driver_is_one_warning_event_on_the_claim(kube_a
     assert event["message"].startswith(
         "spec.devices.config[0].opaque.driver is 'gpu.nvidia.co', not this driver's name 'gpu.nvidia.com'")
     assert events(kube_api, namespace, other["metadata"]["name"], CONFIG_DRIVER_MISMATCH) == []
+
+
+def test_the_chart_lets_the_plugin_record_events_on_claims_in_any_namespace(
+        plane: ControlPlane) -> None:  # noqa: F811 (the fixture imported above)
+    node, namespace = unique("rbac"), unique("claims")
+    plane.create_node(node)
+    plane.kubectl("create", "namespace", namespace)
+    claim = make_claim(plane, namespace, node, "gpu.nvidia.co")
+    warner = ClaimEvents(connect(pod_token_kubeconfig(plane, node)), node=node, component="nvidia-dra-plugin",
+                         log=LOG)
+    warner.warning(claim, CONFIG_DRIVER_MISMATCH, "written with the plugin's own token")
+    assert warner.recorded == 1
+    (event,) = events(plane, namespace, claim["metadata"]["name"], CONFIG_DRIVER_MISMATCH)
+    assert event["message"] == "written with the plugin's own token"
