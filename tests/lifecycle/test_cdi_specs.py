@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.cdi import CDI_STRATEGIES
 from nvdp.cdi.build import SpecSet
 from nvdp.cdi.spec import ContainerEdits, Device, DeviceNode, Spec
 from nvdp.config.loader import load_config
-from nvdp.plugin import cdi_specs
 from nvdp.plugin.cdi_specs import CdiSpecs, build, classes, spec_dir
 from nvdp.plugin.errors import StartupError
 
@@ -37,10 +35,6 @@ def spec_set(*names: str, cls: str = "gpu") -> SpecSet:
 def names_on_disk(directory: Path) -> list[str]:
     spec = json.loads((directory / f"{VENDOR}-gpu.json").read_text())
     return sorted(d["name"] for d in spec["devices"])
-
-
-def test_the_strategies_are_nvdp_cdis() -> None:
-    assert cdi_specs.CDI_STRATEGIES == CDI_STRATEGIES
 
 
 def test_stage_writes_the_union_and_settle_the_new_set(tmp_path: Path) -> None:

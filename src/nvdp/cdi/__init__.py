@@ -24,14 +24,12 @@ from nvdp.config.model import Config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan
 
-__all__ = ["CDI_STRATEGIES", "CdiError", "SpecSet", "build_specs", "cdi_enabled", "generate"]
-
-CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
+__all__ = ["CdiError", "SpecSet", "build_specs", "cdi_enabled", "generate"]
 
 
 def cdi_enabled(config: Config) -> bool:
     """Whether the plugin hands out CDI names, and so must write specs (a CDI device list strategy)."""
-    return not CDI_STRATEGIES.isdisjoint(config.flags.plugin.device_list_strategy)
+    return bool(config.flags.plugin.cdi_strategies)
 
 
 def generate(config: Config, inventory: Inventory, plan: Plan) -> SpecSet:

@@ -34,6 +34,10 @@ RESOURCE_PREFIX = "nvidia.com/"
 DEFAULT_IGNORED_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
 
 
+# The device list strategies that hand out CDI names: with any of them the plugin writes CDI specs.
+CDI_STRATEGIES: frozenset[DeviceListStrategy] = frozenset({"cdi-annotations", "cdi-cri"})
+
+
 class PluginFlags(Struct, frozen=True):
     pass_device_specs: bool = False
     device_list_strategy: tuple[DeviceListStrategy, ...] = ("envvar",)
@@ -59,6 +63,11 @@ class PluginFlags(Struct, frozen=True):
     health_flap_limit: int = 3
     # Host directory of health.json (written by the health authority, read by GFD); empty: no file.
     health_state_dir: str = ""
+
+    @property
+    def cdi_strategies(self) -> tuple[DeviceListStrategy, ...]:
+        """The CDI strategies in use, in the config's order; empty when CDI is off."""
+        return tuple(s for s in self.device_list_strategy if s in CDI_STRATEGIES)
 
     @property
     def kubelet_socket_path(self) -> str:

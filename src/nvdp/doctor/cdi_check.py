@@ -27,9 +27,7 @@ FIX_WRITE = (
 
 
 def cdi_on(config: Config) -> bool:
-    from nvdp.plugin.cdi_specs import CDI_STRATEGIES
-
-    return not CDI_STRATEGIES.isdisjoint(config.flags.plugin.device_list_strategy)
+    return bool(config.flags.plugin.cdi_strategies)
 
 
 def planned_names(config: Config, plan: Plan, present_classes: frozenset[str]) -> list[str]:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from msgspec import Struct, field
 
-from nvdp.config.model import Config
+from nvdp.config.model import CDI_STRATEGIES, Config
 
 # The node names and the MIG capability table live below the plugin, shared with the CDI spec; the
 # names stay importable from here.
@@ -269,7 +269,7 @@ def allocate_container(
     annotations: dict[str, str] = {}
     cdi_devices: list[str] = []
 
-    if strategies & {"cdi-annotations", "cdi-cri"}:
+    if strategies & CDI_STRATEGIES:
         names = cdi_names(ids, config, cdi_classes)
         if "cdi-annotations" in strategies:
             annotations[_annotation_key(plugin.cdi_annotation_prefix, cdi_uuid())] = ",".join(names)

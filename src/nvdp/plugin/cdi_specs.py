@@ -36,9 +36,6 @@ if TYPE_CHECKING:
 
 CDI_DIR_ENV = "NVDP_CDI_DIR"
 LOGGER = "nvidia-device-plugin"
-# nvdp.cdi.CDI_STRATEGIES, checked here so that a plugin without CDI never imports nvdp.cdi (the serving
-# process's footprint, tests/footprint); a test keeps the two in step.
-CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
 
 
 def spec_dir(env: Mapping[str, str]) -> str | None:
@@ -49,13 +46,13 @@ def spec_dir(env: Mapping[str, str]) -> str | None:
 
 def build(config: Config, inventory: Inventory, plan: Plan) -> SpecSet | None:
     """The specs for `plan` (None without a CDI strategy); raises StartupError with the cause and fix."""
-    if CDI_STRATEGIES.isdisjoint(config.flags.plugin.device_list_strategy):
+    # Checked on the config, so that a plugin without CDI never imports nvdp.cdi (the serving process's
+    # footprint, tests/footprint).
+    if not config.flags.plugin.cdi_strategies:
         return None
-    from nvdp.cdi import cdi_enabled, generate
+    from nvdp.cdi import generate
     from nvdp.cdi.errors import CdiError
 
-    if not cdi_enabled(config):
-        return None
     _warn_unknown_feature_flags(config)
     try:
         return generate(config, inventory, plan)
@@ -120,7 +117,7 @@ class CdiSpecs:
 
 
 def _strategies(config: Config) -> list[str]:
-    return [s for s in config.flags.plugin.device_list_strategy if s in CDI_STRATEGIES]
+    return list(config.flags.plugin.cdi_strategies)
 
 
 def _warn_unknown_feature_flags(config: Config) -> None:

@@ -1,0 +1,44 @@
+"""Each fact the daemons share has one home in the source: a second copy of it fails here.
+
+A fact written twice drifts: the CDI strategies were listed in two modules (kept in step by a test of
+their equality) and tested in five ways. Each row names the fact, a pattern that finds a definition
+of it, and the one module allowed to hold it; everyone else imports it from there.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "nvdp"
+
+# fact -> (pattern of a definition, the module that is its home, relative to src/nvdp)
+HOMES: dict[str, tuple[str, str]] = {
+    "the device list strategies that hand out CDI names": (
+        r"""["']cdi-(?:annotations|cri)["']\s*,\s*["']cdi-(?:annotations|cri)["']""",
+        "config/model.py",
+    ),
+    "whether CDI is on: a config's CDI strategies": (
+        r"def cdi_strategies\b|\.isdisjoint\([^)]*device_list_strategy",
+        "config/model.py",
+    ),
+}
+
+
+def _sources() -> list[Path]:
+    return [p for p in SRC.rglob("*.py") if "api" not in p.relative_to(SRC).parts[:-1]]
+
+
+@pytest.mark.parametrize("fact", sorted(HOMES))
+def test_a_fact_has_one_home(fact: str) -> None:
+    pattern, home = HOMES[fact]
+    found = {
+        str(path.relative_to(SRC))
+        for path in _sources()
+        if re.search(pattern, path.read_text(encoding="utf-8"))
+    }
+    assert found == {home}, (
+        f"{fact}: defined in {sorted(found)}; its one home is src/nvdp/{home}: import it from there"
+    )
