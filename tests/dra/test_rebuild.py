@@ -105,6 +105,33 @@ def test_a_checkpointed_claim_the_api_server_has_not_is_released_and_its_gpu_pre
     assert answer.error == "" and [d.device for d in answer.devices] == ["gpu-0"]
 
 
+def test_a_holder_kept_while_the_api_server_was_down_is_released_when_its_device_is_asked_for(
+        tmp_path: Path) -> None:
+    write_checkpoint(tmp_path, entry("ghost", "ghost", "gpu-0"))
+    specs = Specs()
+    specs.files["ghost"] = ["gpu-0"]
+    new = claim("new", "u-new", "gpu-0")
+    cluster = Cluster(new)
+    p = preparer(tmp_path, cluster, specs)
+    p._get_claim = Down().get
+    p.restore(Down().list)
+    assert set(p.prepared()) == {"ghost"}, "no answer at start: kept"
+    p._get_claim = cluster.get  # the API server is back
+    answer = p.prepare([ref(new)])["u-new"]
+    assert answer.error == "" and [d.device for d in answer.devices] == ["gpu-0"]
+    assert set(p.prepared()) == {"u-new"} and set(specs.files) == {"u-new"}
+
+
+def test_a_holder_the_api_server_still_has_in_use_keeps_its_device(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path, entry("u-run", "run", "gpu-0"))
+    second = claim("second", "u-2", "gpu-0")
+    cluster = Cluster(claim("run", "u-run", "gpu-0"), second)
+    p = preparer(tmp_path, cluster, Specs())
+    p.restore(cluster.list)
+    assert "already prepared for claim default/run" in p.prepare([ref(second)])["u-2"].error
+    assert set(p.prepared()) == {"u-run"}
+
+
 def test_a_claim_replaced_or_unreserved_while_the_plugin_was_down_is_released(tmp_path: Path) -> None:
     write_checkpoint(tmp_path, entry("u-old", "replaced", "gpu-0"), entry("u-done", "done", "gpu-1"))
     specs = Specs()

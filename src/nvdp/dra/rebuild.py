@@ -1,4 +1,5 @@
-"""What a starting DRA plugin keeps: the rules, as plain functions of what the API server answered.
+"""What a starting DRA plugin keeps: the rules, as plain functions of what the API server answered, and
+the start's steps that apply them (ClaimPreparer.restore calls them).
 
 At start the plugin has its checkpoint (or none it can trust), the claim specs on disk, and what the
 API server says about claims. A spec is what a running pod's containers need to start again, so it is
@@ -10,10 +11,28 @@ everything it could have concerned.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any
+import logging
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
-from nvdp.dra.claims import Allocated, our_results
+from msgspec import Struct
+
+from nvdp.dra.checkpoint import ClaimEntry
+from nvdp.dra.claims import Allocated, describe, our_results
+from nvdp.dra.devices import DraDevice
+from nvdp.kube.claims import ClaimListing, UnreadableClaim
+
+
+class SpecFiles(Protocol):
+    def remove(self, claim_uid: str) -> None: ...
+
+
+class Listed(Struct, frozen=True):
+    """The API server's claims, and the UIDs of those it returned that could not be read ("" for one
+    whose UID is unknown too)."""
+
+    claims: Sequence[Mapping[str, Any]]
+    unreadable_uids: frozenset[str] = frozenset()
 
 
 def reserved_for_a_pod(claim: Mapping[str, Any]) -> bool:
@@ -68,3 +87,70 @@ def orphaned_specs(stray: Iterable[str], claims: Sequence[Mapping[str, Any]] | N
         elif uid not in unreadable_uids and not unknown:
             found[uid] = "the API server has no claim with this UID: it was deleted"
     return found
+
+
+def list_claims_at_start(list_claims: Callable[[], Sequence[Mapping[str, Any]]], log: logging.Logger
+                         ) -> Listed | None:
+    """What the API server lists (a ClaimListing says which claims it could not read); None, logged,
+    when the list fails."""
+    try:
+        claims = list_claims()
+    except Exception as err:  # the API server is away: nothing is known, nothing is removed
+        log.error("Cannot list ResourceClaims (%s); the claim specs on this node are kept, running pods "
+                  "keep their devices, new claims are prepared as asked", err)
+        return None
+    unreadable = claims.unreadable if isinstance(claims, ClaimListing) else ()
+    for found in unreadable:
+        log.error("Skipping a claim that cannot be read; a claim spec of this node that may be its is kept: "
+                  "%s", found.problem)
+    return Listed(claims, frozenset(u.uid for u in unreadable))
+
+
+def remove_orphaned_specs(specs: SpecFiles, stray: frozenset[str], listed: Listed | None,
+                          log: logging.Logger) -> None:
+    """Remove the stray specs `orphaned_specs` proves orphaned; log the ones kept."""
+    orphaned = orphaned_specs(stray, None if listed is None else listed.claims,
+                              frozenset() if listed is None else listed.unreadable_uids)
+    for uid, reason in sorted(orphaned.items()):
+        log.info("Removing the CDI spec of claim %s, which is not prepared: %s", uid, reason)
+        specs.remove(uid)
+    if kept := sorted(stray - orphaned.keys()):
+        log.warning("Keeping the CDI specs of claims %s: not prepared here, and the API server has not "
+                    "shown them unused", ", ".join(kept))
+
+
+def holders_on(gpus: Collection[str], prepared: Mapping[str, ClaimEntry], devices: Mapping[str, DraDevice],
+               but: str) -> list[str]:
+    """The prepared claims (ClaimEntry by UID) other than `but` holding a device on one of `gpus`
+    (admin-access devices hold nothing)."""
+    return [uid for uid, entry in prepared.items() if uid != but and any(
+        not d.admin_access and d.device in devices and devices[d.device].gpu_uuid in gpus
+        for d in entry.devices)]
+
+
+def release_gone(prepared: dict[str, ClaimEntry], uids: Iterable[str], *,
+                 get_claim: Callable[[str, str], Mapping[str, Any] | None], release: Callable[[str], None],
+                 log: logging.Logger) -> bool:
+    """Read each of `uids` from the API server; drop from `prepared` (and `release`) those it answers
+    are no longer in use. A claim that cannot be decoded is kept; the first other failure (the API
+    server away) keeps the rest unread. Whether any was released."""
+    released = False
+    for uid in uids:
+        entry = prepared[uid]
+        what = describe(entry.namespace, entry.name, uid)
+        try:
+            claim = get_claim(entry.namespace, entry.name)
+        except UnreadableClaim as err:
+            log.warning("Keeping %s as prepared: %s", what, err)
+            continue
+        except Exception as err:
+            log.warning("Cannot check the prepared claims with the API server (%s); keeping them as "
+                        "prepared", err)
+            break
+        reason = released_because(claim, uid=uid)
+        if reason is not None:
+            log.info("Releasing %s: %s", what, reason)
+            release(uid)
+            del prepared[uid]
+            released = True
+    return released

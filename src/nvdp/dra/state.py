@@ -45,10 +45,16 @@ from nvdp.dra.causes import API_ERROR, CDI_WRITE, DEVICE_BUSY, DEVICE_UNHEALTHY,
 from nvdp.dra.checkpoint import ClaimEntry, load_checkpoint, save_checkpoint
 from nvdp.dra.claims import Allocated, ClaimProblem, check_claim, describe
 from nvdp.dra.devices import DraDevice
-from nvdp.dra.rebuild import in_use_here, orphaned_specs, released_because
+from nvdp.dra.rebuild import (
+    holders_on,
+    in_use_here,
+    list_claims_at_start,
+    release_gone,
+    remove_orphaned_specs,
+)
 from nvdp.dra.server import ClaimRef, PreparedDevice, PrepareResult
 from nvdp.dra.sharing import ClaimShare, NodeSharing
-from nvdp.kube.claims import ClaimListing, UnreadableClaim
+from nvdp.kube.claims import UnreadableClaim
 
 STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
 # The kubelet gives a call 45 s; a plugin that cannot get the node-wide lock in this long answers the
@@ -123,50 +129,30 @@ class ClaimPreparer:
             self._release_gone()
             listed = None
             if list_claims is not None and (loaded.problem is not None or self._stray_specs()):
-                listed = self._list(list_claims)
+                listed = list_claims_at_start(list_claims, self._log)
                 if listed is not None and loaded.problem is not None:
-                    self._rebuild(listed)
+                    self._rebuild(listed.claims)
             for uid, entry in self._claims.items():
                 self._sharing.adopt(uid, entry.share)
-            self._remove_orphaned_specs(listed)
+            remove_orphaned_specs(self._specs, self._stray_specs(), listed, self._log)
             self._save()
             self._log.info("Prepared claims on this node: %d", len(self._claims))
             return loaded.problem
 
-    def _release_gone(self) -> None:
-        """Release the prepared claims the API server answers are gone or no longer in use; on a
-        failed read keep them (the first failure to reach it stops the checks)."""
-        for uid, entry in list(self._claims.items()):
-            what = describe(entry.namespace, entry.name, uid)
-            try:
-                claim = self._get_claim(entry.namespace, entry.name)
-            except UnreadableClaim as err:
-                self._log.warning("Keeping %s as prepared: %s", what, err)
-                continue
-            except Exception as err:
-                self._log.warning("Cannot check the prepared claims with the API server (%s); keeping "
-                                  "them as prepared", err)
-                return
-            reason = released_because(claim, uid=uid)
-            if reason is not None:
-                self._log.info("Releasing %s: %s", what, reason)
-                self._specs.remove(uid)
-                del self._claims[uid]
+    def _release_gone(self, uids: Sequence[str] | None = None) -> bool:
+        """Release the prepared claims (all, or `uids`) the API server answers are gone; True if any."""
+        def release(uid: str) -> None:
+            self._specs.remove(uid)
+            self._sharing.release(uid)
+
+        if not release_gone(self._claims, list(self._claims) if uids is None else uids,
+                            get_claim=self._get_claim, release=release, log=self._log):
+            return False
+        self._save()
+        return True
 
     def _stray_specs(self) -> frozenset[str]:
         return self._specs.present() - self._claims.keys()
-
-    def _list(self, list_claims: ListClaims) -> Sequence[Mapping[str, Any]] | None:
-        try:
-            claims = list_claims()
-        except Exception as err:  # the API server is away: nothing is known, nothing is removed
-            self._log.error("Cannot list ResourceClaims (%s); the claim specs on this node are kept, "
-                            "running pods keep their devices, new claims are prepared as asked", err)
-            return None
-        for unreadable in claims.unreadable if isinstance(claims, ClaimListing) else ():
-            self._log.error("Skipping a claim that cannot be read; a claim spec of this node that may be "
-                            "its is kept: %s", unreadable.problem)
-        return claims
 
     def _rebuild(self, claims: Sequence[Mapping[str, Any]]) -> None:
         view = self._view()
@@ -186,16 +172,18 @@ class ClaimPreparer:
                                            devices=devices, share=share)
             self._log.info("Rebuilt %s from the API server", describe(namespace, name, uid))
 
-    def _remove_orphaned_specs(self, listed: Sequence[Mapping[str, Any]] | None) -> None:
-        stray = self._stray_specs()
-        unreadable = {u.uid for u in listed.unreadable} if isinstance(listed, ClaimListing) else set()
-        orphaned = orphaned_specs(stray, listed, unreadable)
-        for uid, reason in sorted(orphaned.items()):
-            self._log.info("Removing the CDI spec of claim %s, which is not prepared: %s", uid, reason)
-            self._specs.remove(uid)
-        if kept := sorted(stray - orphaned.keys()):
-            self._log.warning("Keeping the CDI specs of claims %s: not prepared here, and the API server "
-                              "has not shown them unused", ", ".join(kept))
+    def _refuse_unless_holders_gone(self, claim_uid: str, what: str, results: Sequence[Allocated],
+                                    view: NodeView, share: ClaimShare) -> None:
+        """The held-or-unhealthy check; when it refuses, the prepared claims on the claim's GPUs are read
+        from the API server (a start that could not reach it kept them), those it answers are gone are
+        released, and the check runs again."""
+        try:
+            self._refuse_held_or_unhealthy(claim_uid, what, results, view, share)
+        except ClaimProblem:
+            gpus = {view.devices[r.device].gpu_uuid for r in results if not r.admin_access}
+            if not self._release_gone(holders_on(gpus, self._claims, view.devices, but=claim_uid)):
+                raise
+            self._refuse_held_or_unhealthy(claim_uid, what, results, view, share)
 
     def _read_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         try:
@@ -248,7 +236,7 @@ class ClaimPreparer:
                                   driver=self.driver, pool=self.pool, devices=view.devices.keys())
             assert claim is not None  # check_claim refuses a missing claim
             share = self._sharing.share_of(claim, view.devices, self._claimed(results, view))
-            self._refuse_held_or_unhealthy(ref.uid, what, results, view, share)
+            self._refuse_unless_holders_gone(ref.uid, what, results, view, share)
         except ClaimProblem as err:
             self._log.warning("Not preparing: %s", err)
             return PrepareResult(error=str(err), cause=err.cause)
