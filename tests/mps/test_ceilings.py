@@ -19,7 +19,7 @@ from nvdp.dra.mps_limits import LIMITS_FILE, ClaimLimits, read_limits
 from nvdp.mps.commands import Ceiling
 from nvdp.mps.daemons import plan_mps
 from nvdp.mps.paths import ResourcePaths
-from nvdp.mps.supervisor import Backoff, ResourceDaemon
+from nvdp.mps.supervisor import Backoff, ResourceDaemon, unexpected
 from nvdp.recording import Recorder
 from sim.mps import connect_client, read_record, recorded_servers
 
@@ -151,3 +151,26 @@ def test_a_claim_without_limits_leaves_the_whole_gpu(claims: ClaimMps, mps_root:
     claims.use("whole", [G0])
     assert before_ready(record) == ["set_default_active_thread_percentage 100"]
     assert limits(connect_client(pipe(mps_root), {})) == (100.0, {})
+
+
+def test_the_daemons_echo_of_a_percentage_is_no_complaint() -> None:
+    # The real daemon (driver 580, H100) answers set_(default_)active_thread_percentage with the value.
+    assert unexpected("25.0\n50.0") == ""
+    assert unexpected("50.0\nInvalid arguments: x 1G") == "Invalid arguments: x 1G"
+
+
+def test_the_hardware_check_runs_on_the_stand_in(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "mps_ceiling_check.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), "--sim"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["raise"] == "ok" and report["dra_stop_restored"] and report["dp_stop_restored"]
+    answers = {s["step"]: s["answer"] for s in report["steps"]}
+    greedy = [v for k, v in answers.items() if k.startswith("dra") and "whole GPU" in k]
+    assert [(a["thread_percentage"], a["memory_mib"]) for a in greedy] == [
+        (25.0, {"0": 8192}), (50.0, {"0": 16384}), (25.0, {"0": 8192})]

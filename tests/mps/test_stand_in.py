@@ -54,7 +54,8 @@ def test_daemon_answers_records_and_quits(paths: ResourcePaths, record: Path) ->
         ],
         env(paths),
     )
-    assert out == "10.0\n1536M\n"
+    # As the real daemon: the percentage set is echoed, the memory limit is not; no server runs yet.
+    assert out == "10.0\n10.0\n1536M\n"
     with pytest.raises(control.MpsCommandError, match="already running"):
         control.start_daemon(env(paths))
     control.send_commands(["quit"], env(paths))

@@ -36,6 +36,18 @@ DEFAULT_PROBE_INTERVAL_S = 2.0
 QUIT_WAIT_S = 5.0
 
 
+def unexpected(answer: str) -> str:
+    """The part of the daemon's answer to settings that is not an echo: the real daemon answers a thread
+    percentage it was set to with the value ("25.0"), and says nothing to a memory limit."""
+    lines = []
+    for line in answer.splitlines():
+        try:
+            float(line)
+        except ValueError:
+            lines.append(line)
+    return "\n".join(lines).strip()
+
+
 class Backoff:
     """1 s, 2 s, 4 s, ... capped at 30 s."""
 
@@ -122,10 +134,10 @@ class ResourceDaemon:
                 return
             listed = self._send(["get_server_list"])
             servers = [line.strip() for line in listed.splitlines() if line.strip().isdigit()]
-            output = self._send(settings.retune_commands(servers))
+            output = unexpected(self._send(settings.retune_commands(servers)))
         if output:
             raise control.MpsCommandError(f"the MPS control daemon answered its new limits with: {output}")
-        self.log.info("%s: limits now %s", self.name, settings.describe())
+        self.log.info("New limits for the MPS control daemon %s", settings.describe())
 
     def stop(self) -> bool:
         """Quit the daemon, restore compute modes, remove the marker. Safe to call more than once.
@@ -269,7 +281,7 @@ class ResourceDaemon:
             self.settings.visible_devices,
         )
         with self._settings_lock:  # a retune meanwhile either comes before the defaults or after the marker
-            output = self._send(self.settings.commands)
+            output = unexpected(self._send(self.settings.commands))
             if output:
                 self.log.warning("%s: the MPS control daemon answered its settings with: %s", self.name,
                                  output)
