@@ -109,7 +109,7 @@ typedef struct {
     unsigned clique_id;
     int brand;     /* nvmlBrandType_t */
     unsigned arch; /* nvmlDeviceArchitecture_t */
-    int addressing; /* 0: NOT_SUPPORTED (not a coherent system); else nvmlDeviceAddressingModeType_t + 1 */
+    int addressing; /* 0: NOT_SUPPORTED (no mode to report); else nvmlDeviceAddressingModeType_t + 1 */
 } sim_gpu;
 
 #define HANDLE_MAGIC 0x4e564d4cu
@@ -1017,7 +1017,7 @@ typedef struct {
 #define ADDRESSING_MODE_V1 0x1000008u
 #define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
 
-/* Only coherent systems (GH200, GB200) report a mode; other GPUs and MIG handles: NOT_SUPPORTED. */
+/* The profile's mode (GH200, GB200: ATS); GPUs without one and MIG handles: NOT_SUPPORTED. */
 EXPORT nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t d, sim_addressing_mode *mode) {
     nvmlReturn_t r = check(d, 1);
     if (r) return r;

@@ -141,8 +141,8 @@ def _common_attributes(gpu: Gpu, inventory: Inventory) -> Attributes:
     attrs[PCI_BUS_ID] = {"string": pci_address(gpu.pci_bus_id)}
     if gpu.pcie_root is not None:
         attrs[PCIE_ROOT] = {"string": gpu.pcie_root}
-    # Coherent systems only (GH200, GB200): "HMM", "ATS", or "None" when supported but inactive; left
-    # out where NVML does not support the call, as NVIDIA's driver does.
+    # "ATS" (GH200, GB200), "HMM", or "None" when supported but inactive; left out where NVML does not
+    # support the call, as NVIDIA's driver does.
     if gpu.addressing_mode:
         attrs[ADDRESSING_MODE] = {"string": gpu.addressing_mode}
     return attrs

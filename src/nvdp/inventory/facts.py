@@ -42,8 +42,8 @@ ARCHITECTURES: dict[int, str] = {
     10: "Blackwell",
     0xFFFFFFFF: "Unknown",
 }
-# go-nvlib's GetAddressingModeAsString names, keyed by nvmlDeviceAddressingModeType_t. Only coherent
-# systems (GH200, GB200) report a mode at all; elsewhere NVML answers NOT_SUPPORTED.
+# go-nvlib's GetAddressingModeAsString names, keyed by nvmlDeviceAddressingModeType_t. Where the
+# platform has no mode to report, NVML answers NOT_SUPPORTED instead.
 ADDRESSING_MODES: dict[int, str] = {0: "None", 1: "HMM", 2: "ATS"}
 # A100/H100-class GPUs split their memory into 8 slices; a GI placement counts in these.
 MEMORY_SLICES = 8

@@ -72,8 +72,8 @@ class Gpu(Struct, frozen=True):
     brand: str = ""  # "Tesla", "Nvidia", ... as go-nvlib's GetBrandAsString names it; "": not read
     architecture: str = ""  # "Turing", "Hopper", ... as go-nvlib's GetArchitectureAsString; "": unknown
     pcie_root: str | None = None  # PCIe root complex from sysfs, "pci0000:16"; None: not known
-    # How the GPU addresses system memory (nvmlDeviceGetAddressingMode), go-nvlib's name: "HMM", "ATS",
-    # "None" (supported, inactive); "": not a coherent system (NOT_SUPPORTED) or not read.
+    # How the GPU addresses system memory (nvmlDeviceGetAddressingMode), go-nvlib's name: "HMM", "ATS"
+    # (GH200, GB200), "None" (supported, inactive); "": NVML answered NOT_SUPPORTED, or not read.
     addressing_mode: str = ""
 
 

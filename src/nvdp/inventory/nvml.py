@@ -221,7 +221,7 @@ def _read_gpu(index: int, uuid: str, handle: Any) -> Gpu:
 
 def _addressing_mode(handle: Any) -> str:
     """go-nvlib's GetAddressingModeAsString: "HMM", "ATS" or "None"; "" where NVML does not support the
-    call (not a coherent system, or a driver without it) or answers a mode go-nvlib has no name for."""
+    call (no mode to report, or a driver without it) or answers a mode go-nvlib has no name for."""
     try:
         return ADDRESSING_MODES.get(int(pynvml.nvmlDeviceGetAddressingMode(handle)), "")
     except pynvml.NVMLError as e:

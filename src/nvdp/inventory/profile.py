@@ -174,7 +174,7 @@ def _choice(raw: Mapping[str, Any], key: str, where: str, known: Iterable[str], 
 
 
 def _addressing_mode(raw: Mapping[str, Any], where: str) -> str:
-    """What nvmlDeviceGetAddressingMode answers; "" when absent: not a coherent system (NOT_SUPPORTED)."""
+    """What nvmlDeviceGetAddressingMode answers; "" when absent (NVML answers NOT_SUPPORTED)."""
     if "addressing_mode" not in raw:
         return ""
     return _choice(raw, "addressing_mode", where, ADDRESSING_MODES.values(), "")
