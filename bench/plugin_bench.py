@@ -457,7 +457,7 @@ def bench_cdi(repeats: int, starts: int) -> list[Row]:
     `repeats` in one process), against the plugin's spawn -> registered on the same profile."""
     import msgspec
 
-    from nvdp.cdi import build_specs
+    from nvdp.cdi.build import build_specs
     from nvdp.cdi.host import discover_host
     from nvdp.config.model import Config, Flags, PluginFlags
     from nvdp.plan import plan as make_plan

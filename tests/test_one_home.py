@@ -24,6 +24,8 @@ HOMES: dict[str, tuple[str, str]] = {
         r"def cdi_strategies\b|\.isdisjoint\([^)]*device_list_strategy",
         "config/model.py",
     ),
+    "the device plugin's CDI vendor": (r"""["']k8s\.device-plugin\.nvidia\.com["']""", "cdi/names.py"),
+    "how CDI qualifies a device name": (r"def (?:qualified|kind_of)\b", "cdi/names.py"),
 }
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from msgspec.structs import replace
 
-from nvdp.cdi import build_specs
+from nvdp.cdi.build import build_specs
 from nvdp.cdi.claim import (
     CLAIM_CLASS,
     CLAIM_VENDOR,

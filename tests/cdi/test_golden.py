@@ -46,7 +46,7 @@ from cdi_golden import (
     with_private_dev,
 )
 
-from nvdp.cdi import build_specs
+from nvdp.cdi.build import build_specs
 from nvdp.cdi.host import discover_host
 from nvdp.cdi.spec import encode
 from nvdp.config.model import Config, Flags, Imex, PluginFlags

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from nvdp.cdi import build_specs
+from nvdp.cdi.build import build_specs
 from nvdp.cdi.host import discover_host
 from nvdp.cdi.spec import encode
 from nvdp.config.model import Config, DeviceIdStrategy, Flags, MigStrategy, PluginFlags

@@ -17,14 +17,17 @@ has); every failure is a CdiError whose message names the cause and the fix.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-from nvdp.cdi.build import SpecSet, build_specs
-from nvdp.cdi.errors import CdiError
-from nvdp.config.model import Config
-from nvdp.inventory.model import Inventory
-from nvdp.plan.model import Plan
+# Nothing is imported here at run time: the serving process imports nvdp.cdi.names for Allocate's
+# names, and must not load the spec builders with it (tests/footprint).
+if TYPE_CHECKING:
+    from nvdp.cdi.build import SpecSet
+    from nvdp.config.model import Config
+    from nvdp.inventory.model import Inventory
+    from nvdp.plan.model import Plan
 
-__all__ = ["CdiError", "SpecSet", "build_specs", "cdi_enabled", "generate"]
+__all__ = ["cdi_enabled", "generate"]
 
 
 def cdi_enabled(config: Config) -> bool:
@@ -35,6 +38,7 @@ def cdi_enabled(config: Config) -> bool:
 def generate(config: Config, inventory: Inventory, plan: Plan) -> SpecSet:
     """This node's specs: its files and nodes read now, then built for `inventory` and `plan`. What
     discovery left out and why is logged as warnings (logger `nvdp.cdi`)."""
+    from nvdp.cdi.build import build_specs
     from nvdp.cdi.host import discover_host  # the filesystem edge, loaded only where CDI is on
 
     facts = discover_host(config, inventory)

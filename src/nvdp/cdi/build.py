@@ -18,6 +18,7 @@ from nvdp.cdi import edits as ed
 from nvdp.cdi.errors import CdiError
 from nvdp.cdi.facts import GATED_MODES, HostFacts, HostFile, Library, Node, gated_modes, sysfs_bus_id
 from nvdp.cdi.links import graphics_links, hookless_mounts, library_links
+from nvdp.cdi.names import ALL_DEVICE as ALL_DEVICE
 from nvdp.cdi.spec import (
     ContainerEdits,
     Device,
@@ -35,7 +36,6 @@ from nvdp.plan.ids import container_id
 from nvdp.plan.model import Plan
 
 CLASS_ORDER = ("gpu", "imex-channel", *GATED_MODES)
-ALL_DEVICE = "all"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 # A legacy nvidia runtime hook then injects nothing a second time.
 VISIBLE_DEVICES_VOID = f"{VISIBLE_DEVICES_ENV}=void"

@@ -13,8 +13,10 @@ import msgspec
 from msgspec import Struct, field
 
 from nvdp.cdi.errors import CdiError
+from nvdp.cdi.names import VENDOR as VENDOR
+from nvdp.cdi.names import kind_of as kind_of
+from nvdp.cdi.names import qualified as qualified
 
-VENDOR = "k8s.device-plugin.nvidia.com"
 CURRENT_VERSION = "1.1.0"
 # Every version CDI v1.1.0 accepts in `cdiVersion` (specs-go/version.go); a loader refuses any other.
 VALID_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
@@ -108,15 +110,6 @@ class Spec(_Record, frozen=True, kw_only=True):
     @property
     def cls(self) -> str:
         return self.kind.partition("/")[2]
-
-
-def qualified(kind: str, name: str) -> str:
-    """The fully qualified device name: "vendor/class=name"."""
-    return f"{kind}={name}"
-
-
-def kind_of(cls: str, vendor: str = VENDOR) -> str:
-    return f"{vendor}/{cls}"
 
 
 # --- the minimum version (specs-go/version.go) ---------------------------------------------------------

@@ -62,15 +62,16 @@ class CdiChecks:
         return self.where.cdi_dirs
 
     def cdi_names(self) -> Finding:
+        from nvdp.cdi.names import VENDOR as CDI_VENDOR
+        from nvdp.cdi.names import kind_of
         from nvdp.doctor.cdi_specs import read_dirs
-        from nvdp.plugin.allocate import CDI_VENDOR
 
         if self.plan is None:
             return skipped("cdi", NAMES_TITLE, "no plan (see above), so no names to look up")
         dirs = self.cdi_dirs()
         resolved = read_dirs(dirs)
         written = {name.partition("=")[0] for name in resolved.names}
-        present = frozenset(cls for cls in OPTIONAL_CLASSES if f"{CDI_VENDOR}/{cls}" in written)
+        present = frozenset(cls for cls in OPTIONAL_CLASSES if kind_of(cls) in written)
         wanted = planned_names(self.config, self.plan, present)
         missing = [name for name in wanted if name not in resolved.names]
         where = " and ".join(str(d) for d in dirs)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from msgspec import Struct, field
 
+from nvdp.cdi.names import ALL_DEVICE, kind_of, qualified
 from nvdp.config.model import CDI_STRATEGIES, Config
 
 # The node names and the MIG capability table live below the plugin, shared with the CDI spec; the
@@ -34,7 +35,6 @@ from nvdp.plan.ids import device_container_ids
 from nvdp.plan.model import REPLICA_SEPARATOR, PlannedDevice, PlannedResource
 from nvdp.text import short_list
 
-CDI_VENDOR = "k8s.device-plugin.nvidia.com"
 CDI_ANNOTATION_PREFIX_DEFAULT = "cdi.k8s.io/"
 CDI_ANNOTATION_PLUGIN_NAME = "nvidia-device-plugin"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
@@ -182,14 +182,14 @@ def cdi_names(ids: Sequence[str], config: Config, classes: Collection[str]) -> l
     The `gpu` spec always exists while a CDI strategy serves (the plugin writes it before it
     registers); the IMEX channel, GDRCopy, GDS and MOFED specs only when their files were found.
     """
-    names = [f"{CDI_VENDOR}/gpu={i}" for i in ids]
+    names = [qualified(kind_of("gpu"), i) for i in ids]
     if "imex-channel" in classes:
-        names += [f"{CDI_VENDOR}/imex-channel={ch}" for ch in config.imex.channel_ids]
+        names += [qualified(kind_of("imex-channel"), str(ch)) for ch in config.imex.channel_ids]
     flags = config.flags
     extras = ((flags.gdrcopy_enabled, "gdrcopy"), (flags.gds_enabled, "gds"), (flags.mofed_enabled, "mofed"))
     for enabled, kind in extras:
         if enabled and kind in classes:
-            names.append(f"{CDI_VENDOR}/{kind}=all")
+            names.append(qualified(kind_of(kind), ALL_DEVICE))
     return names
 
 

@@ -46,8 +46,8 @@ def spec_dir(env: Mapping[str, str]) -> str | None:
 
 def build(config: Config, inventory: Inventory, plan: Plan) -> SpecSet | None:
     """The specs for `plan` (None without a CDI strategy); raises StartupError with the cause and fix."""
-    # Checked on the config, so that a plugin without CDI never imports nvdp.cdi (the serving process's
-    # footprint, tests/footprint).
+    # Checked on the config, so that a plugin without CDI loads none of nvdp.cdi's builders (the
+    # serving process's footprint, tests/footprint).
     if not config.flags.plugin.cdi_strategies:
         return None
     from nvdp.cdi import generate
