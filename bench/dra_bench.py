@@ -168,9 +168,9 @@ def dra_plugin(work: Path, inventory: Inventory, claims: Mapping[tuple[str, str]
 
 def bench_prepare(rounds: int) -> list[tuple[str, ...]]:
     """Prepare and unprepare p50 / p99 over the plugin's gRPC socket, for claims of 1 and 8 GPUs."""
+    from nvdp.daemon.grpc_import import grpc
     from nvdp.dra.api import dra_v1_pb2 as api
     from nvdp.dra.api import dra_v1_pb2_grpc
-    from nvdp.plugin.grpc_import import grpc
 
     inventory = load_profile(PROFILE)
     names = [d.name for d in dra_devices(inventory)]
@@ -211,9 +211,9 @@ def bench_prepare(rounds: int) -> list[tuple[str, ...]]:
 
 def bench_mps(rounds: int) -> list[tuple[str, ...]]:
     """Prepare p50 / p99 of an MPS claim of 1 GPU, with its GPU's MPS daemon not up, and up."""
+    from nvdp.daemon.grpc_import import grpc
     from nvdp.dra.api import dra_v1_pb2 as api
     from nvdp.dra.api import dra_v1_pb2_grpc
-    from nvdp.plugin.grpc_import import grpc
     from sim.mps import BIN_DIR
 
     os.environ["PATH"] = f"{BIN_DIR}:{os.environ['PATH']}"

@@ -37,7 +37,7 @@ _DP = frozenset({DEVICE_PLUGIN})
 _DRA = frozenset({DRA_PLUGIN})
 
 REASONS: Mapping[str, Reason] = MappingProxyType({
-    # GPU health (nvdp.plugin.health, through Recorder.health_changed)
+    # GPU health (nvdp.daemon.health, through Recorder.health_changed)
     "GPUUnhealthy": Reason(_PLUGINS, "a GPU's devices went Unhealthy (a critical XID, a lost GPU)"),
     "GPUFlapping": Reason(_PLUGINS, "a GPU that keeps failing is held down"),
     "GPURecoveryBlocked": Reason(_PLUGINS, "a re-check keeps a GPU down"),

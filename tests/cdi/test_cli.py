@@ -10,8 +10,8 @@ import pytest
 
 from nvdp.cdi import cli
 from nvdp.config.model import Config
+from nvdp.daemon.inputs import load_config as plugin_load_config
 from nvdp.plugin.main import build_parser as plugin_parser
-from nvdp.plugin.prepare import load_config as plugin_load_config
 
 
 def cli_config(*argv: str) -> Config:

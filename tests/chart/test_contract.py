@@ -20,7 +20,7 @@ RUNTIME_ENV = {
     # Read by the MPS daemon's mount step (nvdp.mps.hostmount), not by the config loader.
     "MPS_MOUNT_IN_HOST_NAMESPACE",
 }
-observe = pytest.importorskip("nvdp.plugin.observe")
+observe = pytest.importorskip("nvdp.daemon.observe")
 # Read by the processes themselves (where to serve metrics and probes), not by the config loader.
 PROCESS_ENV = {observe.METRICS_ADDRESS_ENV, observe.HEALTH_ADDRESS_ENV}
 # Read by the per-node config settings (nvdp.nodeconfig.settings_from), which choose the entry.

@@ -127,15 +127,15 @@ def _plugin_publishes(profile: Path, config: Path | None, default_mode: str,
     the profile (NVML's stand-in reads the same file); the CDI facts and IMEX channels, which a
     profile does not describe and the slices do not depend on, are not read. A config the plugin
     refuses gives the refusal's text."""
+    from nvdp.daemon.errors import StartupError
     from nvdp.dra.main import DraProcess, build_parser
     from nvdp.dra.publish import SlicePublisher
     from nvdp.mode import ModeGate
-    from nvdp.plugin.errors import StartupError
 
     server = _ApiServerSlices()
-    monkeypatch.setattr("nvdp.plugin.prepare.discover", lambda _config: load_profile(profile))
+    monkeypatch.setattr("nvdp.daemon.inputs.discover", lambda _config: load_profile(profile))
     monkeypatch.setattr("nvdp.cdi.host.discover_host", lambda *_a, **_k: SimpleNamespace(warnings=()))
-    monkeypatch.setattr("nvdp.plugin.imex.channels_on_node", lambda config, log=None: config)
+    monkeypatch.setattr("nvdp.daemon.imex.channels_on_node", lambda config, log=None: config)
     monkeypatch.setattr("nvdp.dra.publish.list_slices", server.find)
     monkeypatch.setattr("nvdp.dra.publish.create_slice", server.write)
     monkeypatch.setattr("nvdp.dra.publish.replace_slice", server.write)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
+from nvdp.daemon.grpc_import import grpc
 from nvdp.dra import server as server_module
 from nvdp.dra import state as state_module
 from nvdp.dra.api import dra_v1_pb2, dra_v1beta1_pb2
@@ -24,7 +25,6 @@ from nvdp.dra.gpuconfig import API_VERSION
 from nvdp.dra.meter import Meter, Prepared, prepared_by_kind
 from nvdp.dra.server import ClaimRef, DraServer, PrepareResult, dra_v1_grpc
 from nvdp.dra.state import ClaimPreparer, NodeView
-from nvdp.plugin.grpc_import import grpc
 from nvdp.recording import Recorder
 from tests.dra.test_prepare import LOG, NODE, Cluster, Specs, claim, device
 

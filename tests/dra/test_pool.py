@@ -28,7 +28,7 @@ def switch(tmp_path: Path, profile: str, env: dict[str, str], config: str | None
     start; the CDI facts, which a profile does not describe, are not read)."""
     from nvdp.dra.main import DraProcess, build_parser
 
-    monkeypatch.setattr("nvdp.plugin.prepare.discover",
+    monkeypatch.setattr("nvdp.daemon.inputs.discover",
                         lambda _config: load_profile(PROFILES_DIR / f"{profile}.yaml"))
     monkeypatch.setattr("nvdp.cdi.host.discover_host", lambda *_a, **_k: SimpleNamespace(warnings=()))
     argv = ["--kubeconfig", str(tmp_path / "no-kubeconfig")]

@@ -46,7 +46,7 @@ def write_probe(signum: int, frame: FrameType | None) -> None:
         os_threads = next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
     probe = {
         "modules": sorted(sys.modules),
-        # Names whose real module has not been loaded (nvdp.plugin.grpc_import's stand-ins).
+        # Names whose real module has not been loaded (nvdp.daemon.grpc_import's stand-ins).
         "not_loaded": sorted(n for n, m in sys.modules.items() if type(m).__name__ == "_LoadedOnFirstUse"),
         "threads": sorted(t.name for t in threading.enumerate()),
         "os_threads": os_threads,

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _SERVE_WITHOUT_ASYNCIO = """
 import sys
 from concurrent import futures
-from nvdp.plugin.grpc_import import grpc
+from nvdp.daemon.grpc_import import grpc
 loaded = [m for m in ("asyncio.events", "asyncio.base_events", "grpc.aio._server", "ssl", "_ssl")
           if m in sys.modules]
 assert loaded == [], loaded
@@ -33,7 +33,7 @@ print("ok")
 # Everything that reaches for the asyncio half afterwards gets the real modules, ssl included.
 _ASYNCIO_LATER = """
 import sys
-from nvdp.plugin.grpc_import import grpc
+from nvdp.daemon.grpc_import import grpc
 import asyncio
 from asyncio import sleep
 import asyncio.sslproto
@@ -63,7 +63,7 @@ assert ssl.create_default_context().verify_mode == ssl.CERT_REQUIRED
 _ASYNCIO_FIRST = """
 import sys, asyncio
 before = sys.modules["asyncio"]
-from nvdp.plugin.grpc_import import grpc
+from nvdp.daemon.grpc_import import grpc
 assert sys.modules["asyncio"] is before
 assert grpc.aio.insecure_channel is not None and "grpc.aio._channel" in sys.modules
 print("ok")

@@ -34,7 +34,7 @@ GPU = "nvidia.com/gpu"
 ALLOCATES = 200
 
 # Loaded only for work the serving process does not do: gRPC's asyncio server and channel (asyncio
-# and grpc.aio stay stand-ins, see nvdp.plugin.grpc_import; their submodules come with the real
+# and grpc.aio stay stand-ins, see nvdp.daemon.grpc_import; their submodules come with the real
 # ones), validating an invalid config (jsonschema and its helpers), parsing a config file (yaml),
 # TLS (ssl: gRPC over unix sockets needs none), hashing config-directory entries (hashlib loads
 # libcrypto; only with CONFIG_DIR), suggesting key names (difflib), packaging (importlib.resources,

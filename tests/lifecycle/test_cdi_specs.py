@@ -14,8 +14,8 @@ import pytest
 from nvdp.cdi.build import SpecSet
 from nvdp.cdi.spec import ContainerEdits, Device, DeviceNode, Spec
 from nvdp.config.loader import load_config
+from nvdp.daemon.errors import StartupError
 from nvdp.plugin.cdi_specs import CdiSpecs, build, classes, spec_dir
-from nvdp.plugin.errors import StartupError
 
 from .fakes import gpu, inventory
 

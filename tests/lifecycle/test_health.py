@@ -11,11 +11,11 @@ import pytest
 
 from nvdp import recording
 from nvdp.config.model import Config, Flags, PluginFlags
+from nvdp.daemon.health import HealthMonitor, event_targets
 from nvdp.health.ledger import Change, Ledger, Settings
+from nvdp.health.nvml_event import event_fields
 from nvdp.health.state import read_state, request_clear
-from nvdp.plugin.health import HealthMonitor, event_targets
-from nvdp.plugin.nvml_event import event_fields
-from nvdp.plugin.xid_policy import XidPolicy, policy_from_config, xid_policy
+from nvdp.health.xid_policy import XidPolicy, policy_from_config, xid_policy
 
 from .fakes import Event, FakeNvml, NVMLError, eventually, gpu, inventory, mig_device
 
@@ -303,7 +303,7 @@ def test_an_event_that_cannot_be_handled_is_logged_and_checking_goes_on(
 
 
 def test_a_guarded_thread_that_dies_takes_the_process_down(caplog: pytest.LogCaptureFixture) -> None:
-    from nvdp.plugin.guard import guarded_thread, on_fatal
+    from nvdp.daemon.guard import guarded_thread, on_fatal
 
     called = threading.Event()
     on_fatal(called.set)

@@ -9,10 +9,10 @@ import pytest
 from msgspec.structs import replace
 
 from nvdp.config.model import Config, Flags, PluginFlags
+from nvdp.daemon.owned_socket import SocketState
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan, PlannedDevice, PlannedResource
 from nvdp.plugin.manager import PlanDiff, PluginManager, diff_plans
-from nvdp.plugin.owned_socket import SocketState
 from nvdp.recording import Recorder
 
 from .fakes import eventually, gpu, inventory

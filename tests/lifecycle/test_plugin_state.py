@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from nvdp.daemon.probes import ResourceStatus
 from nvdp.plugin.observe import PluginEndpoints
-from nvdp.plugin.probes import ResourceStatus
 from nvdp.plugin.state import PluginState
 from nvdp.recording import Recorder
 

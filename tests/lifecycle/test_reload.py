@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
+from nvdp.daemon.guard import guarded_thread, on_fatal
 from nvdp.nodechoice import NodeConfigRule
 from nvdp.nodeconfig import Chosen
-from nvdp.plugin.guard import guarded_thread, on_fatal
 from nvdp.plugin.main import PluginProcess
 from nvdp.plugin.prepare import NvmlMissing, Prepared
 from nvdp.runloop import EXIT_FAILED, Inbox

@@ -15,11 +15,11 @@ from grpc_factories import config_with, make_inventory, replicated_resource, who
 from msgspec.structs import replace
 
 from nvdp.config.model import Config, Imex
+from nvdp.daemon.owned_socket import ServerStartError
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 from nvdp.plugin.grpc_client import RegistrationError
-from nvdp.plugin.owned_socket import ServerStartError
 from nvdp.plugin.preferred import PreferredAllocator
 from nvdp.plugin.server import ResourceServer
 from nvdp.plugin.wire import KUBELET_MAX_RECEIVE_BYTES, list_and_watch_bytes, oversized, pb_grpc

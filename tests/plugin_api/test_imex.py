@@ -11,9 +11,9 @@ from grpc_factories import config_with, gpu_uuid, make_inventory, whole_gpu_reso
 from msgspec.structs import replace
 
 from nvdp.config.model import Config, Imex
+from nvdp.daemon.errors import StartupError
+from nvdp.daemon.imex import ChannelCheck, channels_on_node, check_channels, is_char_device
 from nvdp.plugin.allocate import allocate_container
-from nvdp.plugin.imex import ChannelCheck, channels_on_node, check_channels, is_char_device
-from nvdp.plugin.prepare import StartupError
 
 CHANNEL0 = "/dev/nvidia-caps-imex-channels/channel0"
 

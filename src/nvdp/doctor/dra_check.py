@@ -163,10 +163,10 @@ def _rpc_problem(err: Exception, path: str, call: str) -> str:
 
 def dra_registration(node: DraNode, timeout: float) -> Finding:
     """The registration socket answers GetInfo as the kubelet expects; its endpoint answers DRA calls."""
+    from nvdp.daemon.grpc_import import grpc
     from nvdp.dra.api import pluginregistration_v1_pb2 as reg_pb
     from nvdp.dra.server import PLUGIN_TYPE, SUPPORTED_VERSIONS
     from nvdp.plugin.grpc_client import fresh_channel
-    from nvdp.plugin.grpc_import import grpc
 
     check, path = "dra-registration", node.registration_socket
     if not os.path.exists(path):
@@ -216,9 +216,9 @@ def _registration_stub(channel: Any) -> Any:
 
 def _prepare_nothing(endpoint: str, version: str, timeout: float) -> str | None:
     """None when `endpoint` answers NodePrepareResources with no claims (a no-op), else why not."""
+    from nvdp.daemon.grpc_import import grpc
     from nvdp.dra.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
     from nvdp.plugin.grpc_client import fresh_channel
-    from nvdp.plugin.grpc_import import grpc
 
     api: Any = dra_v1_pb2 if version.startswith("v1.") else dra_v1beta1_pb2
     stubs: Any = dra_v1_pb2_grpc if version.startswith("v1.") else dra_v1beta1_pb2_grpc

@@ -55,7 +55,7 @@ class KubeletChecks:
     def registration(self) -> Finding:
         from nvdp.doctor.dra_check import dra_node, node_mode
         from nvdp.plugin.grpc_client import server_answers
-        from nvdp.plugin.owned_socket import socket_path_for
+        from nvdp.plugin.server import socket_path_for
 
         title = "the plugin serves and is registered"
         dra = dra_node(self.where.env)

@@ -26,15 +26,16 @@ from msgspec import Struct
 
 from nvdp import __version__
 from nvdp.config.model import Config
+from nvdp.daemon.errors import NvmlMissing, StartupError
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import DEFAULT_DRIVER, check_driver_name
 from nvdp.inventory.model import Inventory
-from nvdp.plugin.errors import NvmlMissing, StartupError
 from nvdp.recording import Recorder
 from nvdp.runloop import EXIT_FAILED, EXIT_USAGE, Inbox, Wake, Wakes, run
 
 if TYPE_CHECKING:
     from nvdp.cdi.spec import ContainerEdits
+    from nvdp.daemon.health import HealthMonitor
     from nvdp.dra.cdi_specs import ClaimSpecWriter
     from nvdp.dra.mps import ClaimMps
     from nvdp.dra.publish import SlicePublisher
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
     from nvdp.mode import Handover, Mode, ModeGate
     from nvdp.nodechoice import NodeConfigRule
     from nvdp.nodeconfig import Chosen, NodeConfig
-    from nvdp.plugin.health import HealthMonitor
 
 DRIVER_ENV = "DRA_DRIVER_NAME"
 PLUGINS_DIR_ENV = "KUBELET_PLUGINS_DIR"
@@ -67,8 +67,8 @@ REPUBLISH_AFTER_S = 10.0
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     from nvdp.config.flags import add_config_arguments
+    from nvdp.daemon import observe
     from nvdp.nodeconfig import add_node_config_arguments
-    from nvdp.plugin import observe
 
     env = os.environ if env is None else env
     parser = argparse.ArgumentParser(
@@ -141,12 +141,12 @@ class DraProcess:
         """Config, GPUs, devices and CDI facts; StartupError / NvmlMissing, changing nothing."""
         from nvdp.cdi.errors import CdiError
         from nvdp.cdi.host import discover_host
+        from nvdp.daemon.imex import channels_on_node
+        from nvdp.daemon.inputs import discover, load_config
         from nvdp.dra.cdi_specs import ClaimSpecWriter
         from nvdp.dra.devices import by_name
         from nvdp.dra.pool import pool_devices
         from nvdp.plan import PlanError
-        from nvdp.plugin.imex import channels_on_node
-        from nvdp.plugin.prepare import discover, load_config
 
         path = chosen.path if chosen is not None else None
         config = load_config(self.args, self.env, path, per_node=self.node_config is not None)
@@ -250,7 +250,7 @@ class DraProcess:
         return self.ledger
 
     def start_health(self) -> None:
-        from nvdp.plugin.health import monitor_for
+        from nvdp.daemon.health import monitor_for
 
         assert self.serving is not None
         if self.health is not None:
@@ -336,10 +336,10 @@ class DraProcess:
 
     def start(self, inbox: Inbox) -> int | None:
         from nvdp.config.select import SelectionError
+        from nvdp.daemon.owned_socket import ServerStartError
         from nvdp.kube import KubeConnectError
         from nvdp.nodechoice import ConfigRefused, NodeConfigRule
         from nvdp.nodeconfig import follow
-        from nvdp.plugin.owned_socket import ServerStartError
 
         try:
             self.node_config = follow(self.args, self.env, lambda: inbox.post(Wake.NODE_CONFIG), self.log,
@@ -369,7 +369,7 @@ class DraProcess:
         elif self.rule.retry_due():  # a mode switch that waited for GPU pods to go
             self.rule.again(self.switch, forced=False)
         if self.server is not None:
-            from nvdp.plugin.owned_socket import ServerStartError
+            from nvdp.daemon.owned_socket import ServerStartError
 
             try:
                 self.server.check_sockets()
@@ -390,8 +390,8 @@ class DraProcess:
     def mode_of(self, chosen: Chosen | None) -> Mode:
         """The mode `chosen` puts the node in (its config read once more, before anything is read from
         the GPUs, so a switch that must wait costs no NVML or driver-file reads)."""
+        from nvdp.daemon.inputs import load_config
         from nvdp.mode import node_mode
-        from nvdp.plugin.prepare import load_config
 
         path = chosen.path if chosen is not None else None
         config = load_config(self.args, self.env, path, per_node=self.node_config is not None)
@@ -509,7 +509,7 @@ class DraProcess:
         return Response(status, "\n".join(["ready" if registered else "not ready", *lines, ""]).encode())
 
     def healthz(self) -> Response:
-        from nvdp.plugin.probes import Check, liveness
+        from nvdp.daemon.probes import Check, liveness
 
         checks = []
         if self.server is not None:
@@ -563,9 +563,9 @@ def serve_probes(process: DraProcess, args: argparse.Namespace, log: logging.Log
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from nvdp.plugin import observe
-    from nvdp.plugin.guard import on_fatal
-    from nvdp.plugin.logs import setup_logging
+    from nvdp.daemon import observe
+    from nvdp.daemon.guard import on_fatal
+    from nvdp.daemon.logs import setup_logging
 
     parser = build_parser()
     args = parser.parse_args(argv)

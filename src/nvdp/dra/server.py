@@ -9,7 +9,7 @@ Each socket has a gRPC server of its own (sharing one thread pool): gRPC cannot 
 socket to a server that already runs, and a registration socket removed behind the plugin's back
 (a kubelet restart cleans its registry folder) must be made again without interrupting prepare
 calls in flight on the DRA socket. Sockets are bound under a private name and renamed into place
-(`nvdp.plugin.owned_socket`), so the DRA socket accepts calls before the registration socket
+(`nvdp.daemon.owned_socket`), so the DRA socket accepts calls before the registration socket
 appears, and a stale socket from an earlier instance is replaced in one step.
 """
 
@@ -26,14 +26,14 @@ from typing import Any
 
 from msgspec import Struct
 
+from nvdp.daemon.grpc_import import grpc
+from nvdp.daemon.owned_socket import OwnedSocket, ServerStartError, accepts
 from nvdp.dra.api import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_v1_pb2
 from nvdp.dra.api import dra_v1_pb2_grpc as _dra_v1_grpc
 from nvdp.dra.api import dra_v1beta1_pb2_grpc as _dra_v1beta1_grpc
 from nvdp.dra.api import pluginregistration_v1_pb2_grpc as _registration_grpc
 from nvdp.dra.causes import INTERNAL, PREPARE_CAUSES, UNPREPARE_DEVICES, cause_of
 from nvdp.dra.meter import PREPARE, UNPREPARE, Meter, Prepared
-from nvdp.plugin.grpc_import import grpc
-from nvdp.plugin.owned_socket import OwnedSocket, ServerStartError, accepts
 from nvdp.recording import Recorder
 
 # The generated service modules have no type hints.

@@ -5,6 +5,6 @@
 - `checks`: the NVML re-check of one GPU (the edge to the driver);
 - `state`: the ledger on disk, so that a restart does not forget and GPU feature discovery can label.
 
-The device plugin and the DRA plugin each run `nvdp.plugin.health.HealthMonitor` on this; whichever
+The device plugin and the DRA plugin each run `nvdp.daemon.health.HealthMonitor` on this; whichever
 serves the node's GPUs is the one authority for their health.
 """

@@ -26,9 +26,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from nvdp.config.model import KNOWN_CDI_FEATURE_FLAGS, Config
+from nvdp.daemon.errors import StartupError
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan
-from nvdp.plugin.errors import StartupError
 
 if TYPE_CHECKING:
     from nvdp.cdi.build import SpecSet

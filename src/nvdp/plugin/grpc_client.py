@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import os
 
+from nvdp.daemon.grpc_import import grpc
 from nvdp.plugin.api import deviceplugin_pb2 as pb
-from nvdp.plugin.grpc_import import grpc
 from nvdp.plugin.wire import pb_grpc, register_request
 from nvdp.recording import Recorder
 

@@ -24,7 +24,7 @@ import struct
 import threading
 from collections.abc import Callable
 
-from nvdp.plugin.guard import guarded_thread
+from nvdp.daemon.guard import guarded_thread
 
 IN_CREATE = 0x00000100
 IN_MOVED_TO = 0x00000080

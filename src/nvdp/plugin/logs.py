@@ -1,29 +1,12 @@
-"""The plugin's log: its format, and the lines that tell an operator what was found and what is served."""
+"""The plugin's log lines that tell an operator what was found and what is served (the format:
+nvdp.daemon.logs)."""
 
 from __future__ import annotations
 
 import logging
-import sys
 
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
-
-
-def setup_logging() -> logging.Logger:
-    # The log format uses none of the caller, thread or process fields; not collecting them (the
-    # logging module's documented switches) makes each record, one per Allocate, about a third cheaper.
-    logging._srcfile = None  # type: ignore[attr-defined]
-    logging.logThreads = False
-    logging.logProcesses = False
-    logging.logMultiprocessing = False
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
-    return logging.getLogger("nvidia-device-plugin")
 
 
 def log_inventory(log: logging.Logger, inventory: Inventory) -> None:

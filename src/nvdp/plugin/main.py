@@ -26,21 +26,22 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from nvdp import __version__
+from nvdp.daemon.logs import setup_logging
 from nvdp.plugin.cdi_specs import CdiSpecs, classes, spec_dir
 from nvdp.plugin.heap import settle_heap
-from nvdp.plugin.logs import log_inventory, log_plan, setup_logging
+from nvdp.plugin.logs import log_inventory, log_plan
 from nvdp.plugin.prepare import NvmlMissing, Prepared, StartupError, idle, load_config, prepare
 from nvdp.recording import Recorder
 from nvdp.runloop import EXIT_FAILED, Inbox, Wake, Wakes, run
 
 if TYPE_CHECKING:
     from nvdp.config.model import Config
+    from nvdp.daemon.health import HealthMonitor
     from nvdp.endpoints import HttpEndpoints
     from nvdp.health.ledger import Change, Ledger
     from nvdp.mode import Handover, ModeGate, NodeApi
     from nvdp.nodechoice import NodeConfigRule
     from nvdp.nodeconfig import Chosen, NodeConfig
-    from nvdp.plugin.health import HealthMonitor
     from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
     from nvdp.plugin.manager import PluginManager
 
@@ -51,8 +52,8 @@ HEALTH_AFTER_REGISTERING_S = 1.0
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     from nvdp.config.flags import add_config_arguments
+    from nvdp.daemon import observe
     from nvdp.nodeconfig import add_node_config_arguments
-    from nvdp.plugin import observe
 
     parser = argparse.ArgumentParser(
         prog="nvidia-device-plugin",
@@ -266,7 +267,7 @@ class PluginProcess:
         return self.ledger
 
     def start_health(self, prepared: Prepared) -> None:
-        from nvdp.plugin.health import monitor_for
+        from nvdp.daemon.health import monitor_for
 
         manager = self.manager
         assert manager is not None
@@ -410,13 +411,13 @@ class PluginProcess:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from nvdp.plugin import observe
+    from nvdp.daemon import observe
 
     observe.check_addresses(parser, args)
     log = setup_logging()
     log.info("Starting NVIDIA device plugin (nvdp %s)", __version__)
     inbox = Inbox()
-    from nvdp.plugin.guard import on_fatal
+    from nvdp.daemon.guard import on_fatal
 
     on_fatal(inbox.post_fatal)
     try:

@@ -23,9 +23,9 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from nvdp.config.model import Config
+from nvdp.daemon.probes import ResourceStatus
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan, PlannedResource
-from nvdp.plugin.probes import ResourceStatus
 from nvdp.plugin.resource import (
     GateFactory,
     ReadinessGate,

@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from nvdp.daemon.guard import guarded_loop, guarded_thread
 from nvdp.mps import control
 from nvdp.mps.paths import HOST_ROOT_ENV, ResourcePaths, container_root, unusable_root, unusable_root_message
 from nvdp.mps.status import DaemonStatus, read_status
 from nvdp.node_events import NODE_NAME_ENV
-from nvdp.plugin.guard import guarded_loop, guarded_thread
 from nvdp.recording import Recorder
 
 MPS_CAPABLE_LABEL = "nvidia.com/mps.capable=true"

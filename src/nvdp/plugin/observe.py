@@ -1,7 +1,7 @@
 """The plugin's HTTP endpoints: /metrics (with --metrics-address), /healthz and /readyz.
 
-`--metrics-address` serves all three; `--health-address` only the probes (no prometheus-client import
-at all). Given the same address, one server answers both.
+`--metrics-address` (the flags: nvdp.daemon.observe) serves all three; `--health-address` only the
+probes (no prometheus-client import at all). Given the same address, one server answers both.
 """
 
 from __future__ import annotations
@@ -10,43 +10,17 @@ import argparse
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
-from nvdp.endpoints import HttpEndpoints, Response, Route, parse_address, start_endpoints
+from nvdp.daemon.probes import Check, liveness, readiness
+from nvdp.endpoints import HttpEndpoints, Response, Route, start_endpoints
 from nvdp.plugin.grpc_client import server_answers
-from nvdp.plugin.probes import Check, liveness, readiness
 from nvdp.plugin.state import PluginState
 from nvdp.recording import Recorder
 
-METRICS_ADDRESS_ENV = "METRICS_ADDRESS"
-HEALTH_ADDRESS_ENV = "HEALTH_ADDRESS"
 # Each liveness check is bounded, so a stuck plugin answers the probe (not live) instead of timing out
 # (the server call: grpc_client.server_answers' timeout).
 LOCK_TIMEOUT_S = 2.0
-
-
-def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    group = parser.add_argument_group("observability (off unless given)")
-    group.add_argument(
-        "--metrics-address", default=env.get(METRICS_ADDRESS_ENV) or None, metavar="HOST:PORT",
-        help="serve Prometheus metrics at /metrics, and /healthz and /readyz, e.g. :9445 "
-        f"(env {METRICS_ADDRESS_ENV})",
-    )
-    group.add_argument(
-        "--health-address", default=env.get(HEALTH_ADDRESS_ENV) or None, metavar="HOST:PORT",
-        help=f"serve only /healthz and /readyz, e.g. :9447 (env {HEALTH_ADDRESS_ENV})",
-    )
-
-
-def check_addresses(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for flag in ("metrics_address", "health_address"):
-        value = getattr(args, flag)
-        if value is None:
-            continue
-        try:
-            parse_address(value)
-        except ValueError as err:
-            parser.error(f"--{flag.replace('_', '-')}: {err}")
 
 
 class PluginEndpoints:

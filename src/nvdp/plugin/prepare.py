@@ -9,18 +9,16 @@ they are.
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from msgspec import Struct
 
 from nvdp.config.model import Config, Mode
+from nvdp.daemon.errors import NvmlMissing, StartupError
+from nvdp.daemon.imex import channels_on_node
+from nvdp.daemon.inputs import discover, load_config
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan
-from nvdp.plugin.errors import NvmlMissing, StartupError
-from nvdp.plugin.imex import channels_on_node
 
 if TYPE_CHECKING:
     from nvdp.cdi.build import SpecSet
@@ -43,36 +41,6 @@ class Prepared(Struct, frozen=True):
 def idle(config: Config, mode: Mode, why: str) -> Prepared:
     """A config that advertises nothing (no GPUs read, no plan, no CDI specs), for `why`."""
     return Prepared(config, Inventory(driver_version="", cuda_driver_version=""), Plan(), None, mode, why)
-
-
-def load_config(args: argparse.Namespace, env: Mapping[str, str], entry: Path | None,
-                per_node: bool) -> Config:
-    """The config from flags, env and a file: `entry` in per-node mode (never CONFIG_FILE), else
-    CONFIG_FILE."""
-    from nvdp.config.flags import overrides_from_args
-    from nvdp.config.loader import ConfigError
-    from nvdp.config.loader import load_config as load
-
-    path = args.config_file
-    if per_node:
-        path = str(entry) if entry is not None else None
-        env = {k: v for k, v in env.items() if k != "CONFIG_FILE"}
-    try:
-        return load(path, env, overrides_from_args(args))
-    except ConfigError as err:
-        raise StartupError(str(err)) from None
-
-
-def discover(config: Config) -> Inventory:
-    from nvdp.inventory.nvml import NvmlUnavailable
-    from nvdp.inventory.nvml import discover as read_gpus
-
-    try:
-        return read_gpus(config.flags.nvidia_driver_root, config.flags.plugin.container_driver_root)
-    except NvmlUnavailable as err:
-        missing = NvmlMissing(str(err))
-        missing.fail = config.flags.fail_on_init_error
-        raise missing from None
 
 
 def make_plan(config: Config, inventory: Inventory) -> Plan:

@@ -27,10 +27,10 @@ from typing import Protocol
 from msgspec.structs import replace
 
 from nvdp.config.model import Config
+from nvdp.daemon.guard import guarded_thread
+from nvdp.daemon.owned_socket import SocketState
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
-from nvdp.plugin.guard import guarded_thread
-from nvdp.plugin.owned_socket import SocketState
 from nvdp.recording import Recorder
 
 

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from concurrent import futures
 
 from nvdp.config.model import Config
+from nvdp.daemon.grpc_import import grpc
+from nvdp.daemon.owned_socket import OwnedSocket, ServerStartError, SocketState, accepts
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
 from nvdp.plugin import grpc_client
 from nvdp.plugin.allocate import MIG_MINORS_FILE
-from nvdp.plugin.grpc_import import grpc
-from nvdp.plugin.owned_socket import OwnedSocket, ServerStartError, SocketState, accepts, socket_path_for
 from nvdp.plugin.servicer import DevicePluginServicer
 from nvdp.plugin.wire import pb_grpc
 from nvdp.recording import Recorder
@@ -28,6 +28,11 @@ _WORKERS = 8
 # Calls beyond this (running and queued) are refused at once instead of queueing without bound.
 _MAX_CONCURRENT_RPCS = 64
 _STOP_GRACE_S = 1.0
+
+
+def socket_path_for(resource: PlannedResource, config: Config) -> str:
+    """A resource's socket in the kubelet's device-plugins folder."""
+    return os.path.join(config.flags.plugin.device_plugin_path, f"nvidia-{resource.short_name}.sock")
 
 
 class ResourceServer:

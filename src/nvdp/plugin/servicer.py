@@ -21,6 +21,7 @@ from typing import Any
 from msgspec import Struct
 
 from nvdp.config.model import Config
+from nvdp.daemon.grpc_import import grpc
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
 from nvdp.plugin.allocate import (
@@ -32,7 +33,6 @@ from nvdp.plugin.allocate import (
     shown_ids,
 )
 from nvdp.plugin.api import deviceplugin_pb2 as pb
-from nvdp.plugin.grpc_import import grpc
 from nvdp.plugin.preferred import PreferredAllocator
 from nvdp.plugin.wire import allocation_message, device_message, plugin_options
 from nvdp.recording import Recorder

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from msgspec.structs import replace
 
-from nvdp.plugin.probes import ResourceStatus
+from nvdp.daemon.probes import ResourceStatus
 
 if TYPE_CHECKING:
-    from nvdp.plugin.health import HealthMonitor
+    from nvdp.daemon.health import HealthMonitor
     from nvdp.plugin.manager import PluginManager
 
 

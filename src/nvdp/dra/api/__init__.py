@@ -5,4 +5,4 @@ Everything here but the .protos is generated; regenerate with `python scripts/ge
 The generated service modules import grpc, so the package imports it first the plugin's way.
 """
 
-from nvdp.plugin import grpc_import as _grpc_import  # noqa: F401  # keeps asyncio out; see there
+from nvdp.daemon import grpc_import as _grpc_import  # noqa: F401  # keeps asyncio out; see there

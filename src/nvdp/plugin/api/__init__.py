@@ -4,4 +4,4 @@ Everything here but the .proto is generated; regenerate with `python scripts/gen
 The generated service module imports grpc, so the package imports it first the plugin's way.
 """
 
-from nvdp.plugin import grpc_import as _grpc_import  # noqa: F401  # keeps ssl out; see there
+from nvdp.daemon import grpc_import as _grpc_import  # noqa: F401  # keeps ssl out; see there

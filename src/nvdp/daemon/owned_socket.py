@@ -1,4 +1,4 @@
-"""A resource's socket path in the kubelet's device-plugins directory, and which socket there is ours.
+"""A gRPC server's socket in a kubelet folder: which socket at its path is ours.
 
 gRPC unlinks the path it bound when its server stops, and during a rolling update the next
 instance may already listen at the same path by then. So a server binds under a private name, which
@@ -16,9 +16,6 @@ import socket
 import stat
 from typing import Literal
 
-from nvdp.config.model import Config
-from nvdp.plan.model import PlannedResource
-
 _READY_TIMEOUT_S = 5.0
 _bind_names = itertools.count()  # private names to bind under, unique in this process
 
@@ -30,10 +27,6 @@ SocketState = Literal["ours", "gone", "stale", "taken"]
 
 class ServerStartError(RuntimeError):
     """The gRPC server could not listen on its socket."""
-
-
-def socket_path_for(resource: PlannedResource, config: Config) -> str:
-    return os.path.join(config.flags.plugin.device_plugin_path, f"nvidia-{resource.short_name}.sock")
 
 
 def file_id(path: str) -> FileId | None:

@@ -24,8 +24,8 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from nvdp.config.model import Config
-from nvdp.plugin.allocate import IMEX_CHANNEL_DEV_DIR
-from nvdp.plugin.errors import StartupError
+from nvdp.daemon.errors import StartupError
+from nvdp.inventory.devnodes import IMEX_CHANNEL_DEV_DIR
 
 LOGGER = "nvidia-device-plugin"
 

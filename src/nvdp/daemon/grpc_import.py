@@ -1,6 +1,6 @@
 """grpc, imported without the asyncio half the plugin process never uses.
 
-    from nvdp.plugin.grpc_import import grpc
+    from nvdp.daemon.grpc_import import grpc
 
 grpcio's core (`cygrpc`) runs `import asyncio` when it loads, and `grpc/__init__.py` ends with
 `from grpc import aio`. Both are for the asyncio server and channel; the plugin serves with the

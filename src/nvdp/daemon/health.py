@@ -18,11 +18,9 @@ from typing import Any
 from msgspec.structs import replace
 
 from nvdp.config.model import Config
+from nvdp.daemon.guard import guarded_loop, guarded_thread
 from nvdp.health.ledger import Cause, Change, Check, Ledger
-from nvdp.health.xids import Remedy, describe, xid_info
-from nvdp.inventory.model import Gpu, Inventory
-from nvdp.plugin.guard import guarded_loop, guarded_thread
-from nvdp.plugin.nvml_event import (
+from nvdp.health.nvml_event import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_SINGLE_BIT_ECC,
     EVENT_XID_CRITICAL,
@@ -30,7 +28,9 @@ from nvdp.plugin.nvml_event import (
     event_fields,
     handle_address,
 )
-from nvdp.plugin.xid_policy import XidPolicy
+from nvdp.health.xid_policy import XidPolicy
+from nvdp.health.xids import Remedy, describe, xid_info
+from nvdp.inventory.model import Gpu, Inventory
 from nvdp.recording import Recorder
 
 WANTED_EVENTS = EVENT_XID_CRITICAL | EVENT_DOUBLE_BIT_ECC | EVENT_SINGLE_BIT_ECC
@@ -60,7 +60,7 @@ def event_targets(inventory: Inventory, gpu_uuid: str, gi_id: int, ci_id: int) -
 def monitor_for(config: Config, inventory: Inventory, ledger: Ledger, on_health: OnHealth,
                 log: logging.Logger, *, recorder: Recorder, writer: str) -> HealthMonitor:
     """The monitor a daemon runs for `config`: its XID policy, and its record in healthStateDir."""
-    from nvdp.plugin.xid_policy import policy_from_config
+    from nvdp.health.xid_policy import policy_from_config
 
     return HealthMonitor(inventory, policy_from_config(config), ledger, on_health, log, recorder=recorder,
                          state_dir=config.flags.plugin.health_state_dir, writer=writer)
