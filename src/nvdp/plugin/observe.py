@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 
 from nvdp.endpoints import HttpEndpoints, Response, Route, parse_address, start_endpoints
 from nvdp.plugin.grpc_client import server_answers
+from nvdp.plugin.guard import fatal
 from nvdp.plugin.probes import Check, liveness, readiness
 from nvdp.plugin.state import PluginState
 from nvdp.recording import Recorder
@@ -105,4 +106,4 @@ def start(state: PluginState, args: argparse.Namespace, log: logging.Logger,
     if metrics_address:
         recorder.enable_metrics()
     return start_endpoints(metrics_address, getattr(args, "health_address", None), probes, endpoints.metrics,
-                           log)
+                           log, on_death=lambda what: fatal(log, what))
