@@ -230,9 +230,32 @@ def test_the_plugin_ends_when_its_http_server_dies(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(selectors, "DefaultSelector", Breaking)
     fatal = threading.Event()
     on_fatal(fatal.set)
+    servers: list[HttpEndpoints] = []
     try:
         servers = observe.start(None, argparse.Namespace(health_address="127.0.0.1:0"),  # type: ignore[arg-type]
                                 LOG, Recorder())
+        assert fatal.wait(HANG_S)
+    finally:
+        on_fatal(None)
+        for served in servers:
+            served.stop()
+    assert ("The HTTP server on 127.0.0.1:0 stopped unexpectedly; the plugin cannot go on without it"
+            in caplog.messages)
+
+
+def test_the_dra_plugin_ends_when_its_http_server_dies(monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    from nvdp.dra.main import serve_probes
+    from nvdp.plugin.guard import on_fatal
+
+    monkeypatch.setattr(selectors, "DefaultSelector", Breaking)
+    process = argparse.Namespace(healthz=routes()["/healthz"], readyz=routes()["/readyz"])
+    flags = argparse.Namespace(metrics_address=None, health_address="127.0.0.1:0")
+    fatal = threading.Event()
+    on_fatal(fatal.set)
+    servers: list[HttpEndpoints] = []
+    try:
+        servers = serve_probes(process, flags, LOG)  # type: ignore[arg-type]
         assert fatal.wait(HANG_S)
     finally:
         on_fatal(None)

@@ -550,6 +550,7 @@ class _CurrentSpecs:
 def serve_probes(process: DraProcess, args: argparse.Namespace, log: logging.Logger) -> list[HttpEndpoints]:
     """/healthz and /readyz on --health-address, and with /metrics on --metrics-address."""
     from nvdp.endpoints import Response, Route, start_endpoints
+    from nvdp.plugin.guard import fatal
 
     def metrics() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -559,7 +560,8 @@ def serve_probes(process: DraProcess, args: argparse.Namespace, log: logging.Log
     probes: dict[str, Route] = {"/healthz": process.healthz, "/readyz": process.readyz}
     if args.metrics_address:
         process.recorder.enable_metrics()
-    return start_endpoints(args.metrics_address, args.health_address, probes, metrics, log)
+    return start_endpoints(args.metrics_address, args.health_address, probes, metrics, log,
+                           on_death=lambda what: fatal(log, what))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
