@@ -13,6 +13,7 @@ PLUGIN = "nvdp-nvidia-device-plugin"
 MPS = "nvdp-nvidia-device-plugin-mps-control-daemon"
 GFD = "nvdp-nvidia-device-plugin-gpu-feature-discovery"
 DRA = "nvdp-nvidia-device-plugin-dra-plugin"
+PRESENCE = "nvdp-nvidia-device-plugin-gpu-presence"
 PLUGIN_ACCOUNT = "nvdp-nvidia-device-plugin-service-account"
 MPS_ENTRY = "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 10}\n"
 PLAIN_ENTRY = "version: v1\n"
@@ -57,6 +58,10 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Rules], dict[str, bool]]] = {
         {"gfd": {"enabled": True}, "config": {"map": {"config": MPS_ENTRY}}},
         {GFD: rules(("", "nodes", "get list watch patch"), ("", "events", "create"))},
         {PLUGIN: False, MPS: False, GFD: True}),
+    "gfd.detectNodes (the presence check)": (
+        {"gfd": {"detectNodes": True}},
+        {GFD: rules(("", "nodes", "get list watch patch"), ("", "events", "create"))},
+        {PLUGIN: False, PRESENCE: True}),
     "gfd.enabled with the NodeFeature API": (
         {"gfd": {"enabled": True, "useNodeFeatureAPI": True}},
         {GFD: rules(("", "nodes", "get list watch patch"), ("", "events", "create"),

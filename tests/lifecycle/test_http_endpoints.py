@@ -52,18 +52,28 @@ def test_more_idle_connections_than_may_wait_leave_room_for_a_probe(server: Http
             conn.close()
 
 
-def test_answers_beyond_the_handler_limit_are_503_until_one_finishes(server: HttpEndpoints) -> None:
+def test_a_busy_route_queues_then_answers_503_and_holds_up_no_other_route(
+        server: HttpEndpoints, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(endpoints, "QUEUED_PER_ROUTE", 1)
     results: list[str] = []
-    askers = [threading.Thread(target=lambda: results.append(ask(server.port, "/held")))
-              for _ in range(endpoints.MAX_ANSWERING)]
-    for asker in askers:
-        asker.start()
-    for _ in askers:  # every handler taken
+
+    def asker() -> threading.Thread:
+        thread = threading.Thread(target=lambda: results.append(ask(server.port, "/held")))
+        thread.start()
+        return thread
+
+    askers = [asker() for _ in range(endpoints.ANSWERERS_PER_ROUTE)]
+    for _ in askers:  # every answerer of /held taken
         assert HELD.acquire(timeout=10)
-    busy = ask(server.port, "/ok")
+    assert ask(server.port, "/ok").startswith("HTTP/1.1 200 ")  # another route has its own answerers
+    askers.append(asker())
+    queue = server._answerers["/held"]._queue  # white box: wait until that one is queued
+    while not queue:
+        threading.Event().wait(0.01)
+    busy = ask(server.port, "/held")
     assert busy.startswith("HTTP/1.1 503 ") and busy.endswith("busy; try again\n")
     RELEASE.set()
-    for asker in askers:
-        asker.join(10)
-    assert len(results) == endpoints.MAX_ANSWERING and all(r.endswith("held\n") for r in results)
-    assert ask(server.port, "/ok").startswith("HTTP/1.1 200 ")
+    for thread in askers:
+        thread.join(10)
+    assert len(results) == endpoints.ANSWERERS_PER_ROUTE + 1 and all(r.endswith("held\n") for r in results)
+    assert ask(server.port, "/held").startswith("HTTP/1.1 200 ")

@@ -126,6 +126,9 @@ def test_a_larger_claim_raises_the_ceiling_and_its_leaving_lowers_it(claims: Cla
     assert written is not None and written.claims == {"small": QUARTER}
     claims.release("small")
     assert not (mps_root / daemon_name(DRIVER, [G0]) / LIMITS_FILE).exists()
+    claims.use("again", [G0], QUARTER)
+    claims.stop()  # the plugin's shut-down: no daemon, so no limits for nvdp doctor to show
+    assert not (mps_root / daemon_name(DRIVER, [G0]) / LIMITS_FILE).exists()
 
 
 def test_a_smaller_claim_joins_without_changing_the_ceiling(claims: ClaimMps, record: Path) -> None:

@@ -88,3 +88,20 @@ def test_dra_mode_without_mps_claims_and_an_unreadable_limits_file(tmp_path: Pat
     broken.write_text("{")
     (bad,) = Checks(env, Config(source="test"), inventory(gpu(0))).mps()
     assert bad.status == "FAIL" and "cannot be read as the daemon's limits" in bad.detail
+
+
+def test_dra_mode_a_failing_daemon_fails_with_its_error_and_its_limits(tmp_path: Path) -> None:
+    from nvdp.dra.mps_limits import write_limits
+    from nvdp.mps.commands import Ceiling
+    from nvdp.mps.status import write_status
+
+    env = {"MPS_CONTAINER_ROOT": str(tmp_path), "DRA_DRIVER_NAME": "gpu.nvidia.com"}
+    base = tmp_path / "gpu.nvidia.com" / G0
+    base.mkdir(parents=True)
+    write_limits(base / LIMITS_FILE, (G0,), Ceiling(25, (3840,)), {"u1": ClaimLimits(thread_percentage=25)})
+    write_status(base / "status.json", "failing", "nvidia-cuda-mps-control exited with status 1")
+    (finding,) = Checks(env, Config(source="test"), inventory(gpu(0))).mps()
+    assert finding.status == "FAIL"
+    assert finding.detail.startswith("the daemon is failing: nvidia-cuda-mps-control exited with status 1; "
+                                     "enforced ceiling (every client of its MPS server): 25% threads")
+    assert str(base / "log" / "control.log") in finding.fix

@@ -68,7 +68,8 @@ class MpsChecks:
         """One finding per MPS daemon the DRA plugin runs: its ceiling and each claim's limits."""
         from nvdp.dra.mps_limits import LIMITS_FILE, describe_ceiling, enforcement, read_limits
         from nvdp.dra.names import DEFAULT_DRIVER
-        from nvdp.mps.paths import container_root
+        from nvdp.mps.paths import STATUS_FILE, container_root
+        from nvdp.mps.status import read_status
 
         driver = self.where.env.get("DRA_DRIVER_NAME") or DEFAULT_DRIVER
         base = container_root(self.where.env) / driver
@@ -91,6 +92,12 @@ class MpsChecks:
                 how = ("enforced" if held.enforced
                        else f"advisory (its environment only): {'; '.join(held.advisory)}")
                 parts.append(f"claim {uid}: {limits.describe()}, {how}")
+            status = read_status(path.parent / STATUS_FILE)
+            if status is not None and status.is_current() and status.state == "failing":
+                problem = f"the daemon is failing: {status.error}; " + "; ".join(parts)
+                findings.append(failed("mps", title, problem, "read the DRA plugin's log (`kubectl logs <dra "
+                                       f"plugin pod>`) and {path.parent / 'log' / 'control.log'}"))
+                continue
             findings.append(passed("mps", title, "; ".join(parts)))
         return findings
 

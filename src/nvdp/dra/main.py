@@ -549,6 +549,7 @@ class _CurrentSpecs:
 
 def serve_probes(process: DraProcess, args: argparse.Namespace, log: logging.Logger) -> list[HttpEndpoints]:
     """/healthz and /readyz on --health-address, and with /metrics on --metrics-address."""
+    from nvdp.daemon.guard import fatal
     from nvdp.endpoints import Response, Route, start_endpoints
 
     def metrics() -> Response:
@@ -559,7 +560,8 @@ def serve_probes(process: DraProcess, args: argparse.Namespace, log: logging.Log
     probes: dict[str, Route] = {"/healthz": process.healthz, "/readyz": process.readyz}
     if args.metrics_address:
         process.recorder.enable_metrics()
-    return start_endpoints(args.metrics_address, args.health_address, probes, metrics, log)
+    return start_endpoints(args.metrics_address, args.health_address, probes, metrics, log,
+                           on_death=lambda what: fatal(log, what))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

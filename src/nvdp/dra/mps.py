@@ -200,6 +200,7 @@ class ClaimMps:
         restored = True
         for daemon in daemons:
             restored = daemon.stop() and restored
+            (daemon.paths.base / LIMITS_FILE).unlink(missing_ok=True)  # none of its claims is served
         if self._modes is not None:
             self._modes.close()
             self._modes = None

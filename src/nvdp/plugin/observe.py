@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 
+from nvdp.daemon.guard import fatal
 from nvdp.daemon.probes import Check, liveness, readiness
 from nvdp.endpoints import HttpEndpoints, Response, Route, start_endpoints
 from nvdp.plugin.grpc_client import server_answers
@@ -79,4 +80,4 @@ def start(state: PluginState, args: argparse.Namespace, log: logging.Logger,
     if metrics_address:
         recorder.enable_metrics()
     return start_endpoints(metrics_address, getattr(args, "health_address", None), probes, endpoints.metrics,
-                           log)
+                           log, on_death=lambda what: fatal(log, what))
