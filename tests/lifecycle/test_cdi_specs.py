@@ -103,7 +103,7 @@ def test_build_without_a_cdi_strategy_is_none_and_its_errors_are_startup_errors(
 def test_the_plugin_without_cdi_loads_no_spec_builder() -> None:
     # Allocate's names come from nvdp.cdi.names, which imports nothing; the rest of nvdp.cdi (host
     # discovery, builders, writer) loads only where a CDI strategy serves.
-    code = ("import sys, nvdp.plugin.main, nvdp.plugin.prepare; "
+    code = ("import sys, nvdp.plugin.main, nvdp.plugin.prepare, nvdp.plugin.allocate; "
             "from nvdp.plugin.cdi_specs import CdiSpecs, spec_dir; CdiSpecs(spec_dir({}), None).stage(None); "
             "print(sorted(m for m in sys.modules if m.startswith('nvdp.cdi')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
