@@ -5,10 +5,13 @@ One table, so that a reason is chosen once and on purpose: `nvdp.recording.Recor
 here for their object, with an ERROR naming this table. A test reads every reason used in src/ and
 checks it against the table, both ways.
 
-`owners` are the daemons whose code records the reason (NodeEvents' `component`, the Event's
-`source.component`). Where two daemons of a node could tell the same thing, the code makes one of them
-say it (`notify=False` for the other, as with a config refused under per-node config, which the
-per-node config reports); the owners here are the daemons that can say it at all.
+`owners` are the daemons that record the reason (NodeEvents' `component`, the Event's
+`source.component`): a daemon's Recorder (nvdp.recording, built by the daemon skeleton with the
+daemon's name) records only the reasons it owns, so every daemon reports its node's config and mode
+through the same code and this table decides who tells. Where two owners of a node could tell the
+same thing at one moment, the code makes one of them say it (`notify=False` for the other: a config
+refused under per-node config, which the per-node config reports; a mode switch refused, which the
+daemon whose mode is in force reports).
 """
 
 from __future__ import annotations
@@ -62,6 +65,12 @@ REASONS: Mapping[str, Reason] = MappingProxyType({
     "ClaimConfigDriverMismatch": Reason(
         _DRA, "a claim config names a near miss of the driver's name and is ignored", on="ResourceClaim"),
 })
+
+
+def owns(daemon: str | None, reason: str) -> bool:
+    """Whether `daemon` records `reason` (None: any daemon, for a Recorder without an owner)."""
+    found = REASONS.get(reason)
+    return found is not None and (daemon is None or daemon in found.owners)
 
 
 def undeclared(reason: str, on: On) -> str | None:

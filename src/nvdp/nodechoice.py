@@ -24,13 +24,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from nvdp.config.select import SelectionError, UnknownEntry
 from nvdp.nodeconfig import Chosen, NodeConfig
-
-if TYPE_CHECKING:
-    from nvdp.recording import Recorder
 
 # A pending entry is tried again this often (each try may cost the daemon an API list).
 RETRY_PENDING_S = 10.0
@@ -59,19 +56,6 @@ class Report(Protocol):
 
 
 Switch = Callable[[Chosen | None], None]
-
-
-def node_report(node_config: NodeConfig | None, recorder: Recorder, log: logging.Logger) -> Report:
-    """Where a daemon reports what its node's config and mode do: an Event on the Node through the
-    per-node config when there is one, else the log and the recorder's Events."""
-    if node_config is not None:
-        return node_config.report
-
-    def report(reason: str, message: str, *, warning: bool = True) -> None:
-        (log.warning if warning else log.info)("%s: %s", reason, message)
-        recorder.event(reason, message, warning=warning)
-
-    return report
 
 
 class NodeConfigRule:

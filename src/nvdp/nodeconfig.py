@@ -83,10 +83,16 @@ def follow(args: argparse.Namespace, env: Mapping[str, str], on_change: Callable
 
     Raises SelectionError for settings that name no valid fallback strategy.
     """
-    settings = settings_from(args, env)
+    return follow_settings(settings_from(args, env), getattr(args, "config_file", None), on_change, log,
+                           **options)
+
+
+def follow_settings(settings: NodeConfigSettings | None, config_file: str | None,
+                    on_change: Callable[[], None], log: logging.Logger, **options: Any) -> NodeConfig | None:
+    """`follow` with the settings already read (None: a single config file, nothing to follow)."""
     if settings is None:
         return None
-    if getattr(args, "config_file", None):
+    if config_file:
         log.warning("--config-file is ignored: --config-dir (CONFIG_DIR) picks the config per node")
     node_config = NodeConfig(settings, on_change, log, **options)
     node_config.start()

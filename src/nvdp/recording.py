@@ -1,9 +1,9 @@
 """What a process records: metrics and Node Events, through one `Recorder` built at start and passed in.
 
-There is no process-wide Recorder to reach for: each daemon's main builds its own and hands it down
-(the plugin: PluginProcess -> PluginManager -> each resource's server and MPS gate, and the health
-monitor; the MPS daemon: Daemons -> each supervisor). A part built without one (tests, the doctor's
-MPS check) makes a Recorder of its own, which records nowhere but its metrics.
+There is no process-wide Recorder to reach for: each daemon's skeleton (nvdp.daemon.skeleton) builds
+its own and hands it down (the plugin: its work -> PluginManager -> each resource's server and MPS
+gate, and the health monitor; the MPS daemon: Daemons -> each supervisor). A part built without one
+(tests, the doctor's MPS check) makes a Recorder of its own, which records nowhere but its metrics.
 
 The edges (gRPC server, health loop, signal handling, per-node config, MPS gate and supervisor) call
 its methods, one per thing worth counting or telling; each is a few dictionary lookups, so Allocate
@@ -12,7 +12,8 @@ prometheus-client is not even imported, and a process without the flag pays noth
 Node Events go to the process's one writer (`attach_events`, nvdp.node_events.NodeEvents,
 which sends them on its own thread); without API access there is none and the log is all. The
 Recorder words the Events (what a kubectl user reads); the writer only sends them. Every reason is
-declared in nvdp.event_reasons; an undeclared one is refused with an ERROR in the log.
+declared in nvdp.event_reasons, with the daemons that own it; an undeclared one is refused with an
+ERROR in the log, and a daemon's Recorder (`owner`) records only the reasons it owns.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any, Protocol
 
-from nvdp.event_reasons import undeclared
+from nvdp.event_reasons import owns, undeclared
 
 log = logging.getLogger("nvdp.recording")
 
@@ -41,9 +42,12 @@ class EventWriter(Protocol):
 class Recorder:
     """Metrics and Node Events of one process; every method is safe from any thread."""
 
-    def __init__(self, events: EventWriter | None = None) -> None:
+    def __init__(self, events: EventWriter | None = None, *, owner: str | None = None) -> None:
         self._series: ModuleType | None = None
         self._events = events
+        # The daemon recording (NodeEvents' component): it records only the reasons it owns in
+        # nvdp.event_reasons; None (tests, the doctor) records every declared reason.
+        self._owner = owner
         # Allocate's labelled series per resource, looked up once: labels() takes a lock and builds a key.
         self._allocate_series: dict[str, tuple[Any, Any, Any]] = {}
         self._mps_waiting: set[str] = set()
@@ -75,8 +79,9 @@ class Recorder:
         if problem is not None:
             log.error("%s; not recorded: %s", problem, message)
             return
-        if self._events is not None:
-            self._events.record("Warning" if warning else "Normal", reason, message)
+        if self._events is None or not owns(self._owner, reason):
+            return  # another daemon of the node records it; the caller's log line is all here
+        self._events.record("Warning" if warning else "Normal", reason, message)
 
     def node_seen(self, uid: str) -> None:
         """The Node's UID as its watcher read it, for the Events' involvedObject."""

@@ -87,7 +87,7 @@ def test_every_gfd_env_var_is_read_by_gpu_feature_discovery() -> None:
     unknown = set(e) - set(GFD_ENV_VARS) - set(CONFIG_FILE_ENVS) - PROCESS_ENV - NODE_CONFIG_ENV
     assert not unknown, f"gpu-feature-discovery does not read {sorted(unknown)}"
     # and the loader accepts every rendered value
-    from nvdp.gfd.main import load
+    from nvdp.gfd.discovery import load
 
     known = {k: v for k, v in e.items() if v is not None and k not in NODE_CONFIG_ENV}
     config = load(parse_options([], known), known)

@@ -128,8 +128,10 @@ def _plugin_publishes(profile: Path, config: Path | None, default_mode: str,
     profile does not describe and the slices do not depend on, are not read. A config the plugin
     refuses gives the refusal's text."""
     from nvdp.daemon.errors import StartupError
-    from nvdp.dra.main import DraProcess, build_parser
+    from nvdp.daemon.skeleton import Skeleton
+    from nvdp.dra.main import build_parser
     from nvdp.dra.publish import SlicePublisher
+    from nvdp.dra.work import DraWork
     from nvdp.mode import ModeGate
 
     server = _ApiServerSlices()
@@ -144,15 +146,16 @@ def _plugin_publishes(profile: Path, config: Path | None, default_mode: str,
     env = {"NODE_NAME": NODE, DEFAULT_MODE_ENV: default_mode}
     args = build_parser(env).parse_args(["--config-file", str(config)] if config is not None else [])
     log = logging.getLogger("test-dra-plugin")
-    process = DraProcess(args, env, log)
+    skeleton = Skeleton("nvidia-dra-plugin", log, env)
+    process = DraWork(skeleton, args)
     try:
         process.serving = process.prepare(None)
     except StartupError as err:
         return str(err)
-    process.gate = ModeGate("dra", None, lambda *a, **k: None, log, per_node=False)
-    process.gate.enter(process.mode_of(None))
-    process.publisher = SlicePublisher(object(), node=NODE, driver=args.driver_name, log=log)  # type: ignore[arg-type]
-    process.publish()
+    skeleton.gate = ModeGate("dra", None, lambda *a, **k: None, log, per_node=False)
+    skeleton.gate.enter(process.mode_of(None))
+    process.slices.publisher = SlicePublisher(object(), node=NODE, driver=args.driver_name, log=log)  # type: ignore[arg-type]
+    process.slices.publish()
     return server.published()
 
 

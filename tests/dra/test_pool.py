@@ -26,7 +26,10 @@ def switch(tmp_path: Path, profile: str, env: dict[str, str], config: str | None
            monkeypatch: pytest.MonkeyPatch) -> None:
     """nvidia-dra-plugin puts its first config in force on the profile's GPUs (its `switch`, as at
     start; the CDI facts, which a profile does not describe, are not read)."""
-    from nvdp.dra.main import DraProcess, build_parser
+    from nvdp.daemon.skeleton import Skeleton
+    from nvdp.dra.main import build_parser
+    from nvdp.dra.work import DraWork
+    from nvdp.mode import ModeGate
 
     monkeypatch.setattr("nvdp.daemon.inputs.discover",
                         lambda _config: load_profile(PROFILES_DIR / f"{profile}.yaml"))
@@ -37,8 +40,10 @@ def switch(tmp_path: Path, profile: str, env: dict[str, str], config: str | None
         path.write_text(config)
         argv += ["--config-file", str(path)]
     env = {"NODE_NAME": "node-1", **env}
-    process = DraProcess(build_parser(env).parse_args(argv), env, logging.getLogger(LOGGER))
-    process.switch(None)
+    log = logging.getLogger(LOGGER)
+    skeleton = Skeleton("nvidia-dra-plugin", log, env)
+    skeleton.gate = ModeGate("dra", None, skeleton.report, log, per_node=False)
+    DraWork(skeleton, build_parser(env).parse_args(argv)).switch(None)
 
 
 def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.gfd.discovery import Discovery, load
 from nvdp.gfd.host import gpu_mode, machine_type, nvidia_gpus_present
-from nvdp.gfd.main import Discovery, load
 from nvdp.gfd.options import parse_duration, parse_options
 from nvdp.gfd.output import read_features_file, render, write_features_file
 from nvdp.gfd.publish import FileOutput

@@ -246,7 +246,7 @@ def test_the_plugin_ends_when_its_http_server_dies(monkeypatch: pytest.MonkeyPat
 def test_the_dra_plugin_ends_when_its_http_server_dies(monkeypatch: pytest.MonkeyPatch,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     from nvdp.daemon.guard import on_fatal
-    from nvdp.dra.main import serve_probes
+    from nvdp.dra.probes import serve_probes
 
     monkeypatch.setattr(selectors, "DefaultSelector", Breaking)
     process = argparse.Namespace(healthz=routes()["/healthz"], readyz=routes()["/readyz"])

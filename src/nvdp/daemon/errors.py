@@ -1,4 +1,4 @@
-"""Why the plugin cannot serve: errors raised while preparing a config, with the fix in the message."""
+"""Why a daemon cannot serve: errors raised while preparing a config, with the fix in the message."""
 
 from __future__ import annotations
 
@@ -11,3 +11,10 @@ class NvmlMissing(Exception):
     """NVML could not be initialised; `fail` says whether the config wants the plugin to exit."""
 
     fail = True
+
+
+class CannotGoOn(Exception):
+    """The daemon cannot run on this node whatever the config: the process logs `prefix` and the
+    message at ERROR and exits 1."""
+
+    prefix = ""

@@ -8,8 +8,15 @@ import sys
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
 
-def setup_logging(name: str = "nvidia-device-plugin") -> logging.Logger:
-    """Log INFO and above to stderr in LOG_FORMAT; returns the logger named `name`."""
+def setup_logging(name: str = "nvidia-device-plugin", *, keep_handlers: bool = False) -> logging.Logger:
+    """Log INFO and above to stderr in LOG_FORMAT; returns the logger named `name`.
+
+    `keep_handlers`: leave a root logger that already has handlers as it is (logging.basicConfig), for
+    the daemons whose log volume does not call for the cheaper records (the MPS daemon, GFD).
+    """
+    if keep_handlers:
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+        return logging.getLogger(name)
     # The log format uses none of the caller, thread or process fields; not collecting them (the
     # logging module's documented switches) makes each record, one per Allocate, about a third cheaper.
     logging._srcfile = None  # type: ignore[attr-defined]

@@ -9,6 +9,8 @@ from nvdp.endpoints import parse_address
 
 METRICS_ADDRESS_ENV = "METRICS_ADDRESS"
 HEALTH_ADDRESS_ENV = "HEALTH_ADDRESS"
+# The fix logged after a port that cannot be bound.
+PORT_FIX = "choose another port (--metrics-address / --health-address)"
 
 
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:

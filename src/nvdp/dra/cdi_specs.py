@@ -8,7 +8,7 @@ builds the claim's devices onto them, so NodePrepareResources reads no files but
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from nvdp.cdi.claim import ClaimDevice, claim_cdi_ids, claim_spec
 from nvdp.cdi.facts import HostFacts
@@ -52,3 +52,23 @@ class ClaimSpecWriter:
 
     def present(self) -> frozenset[str]:
         return claim_spec_uids(self.directory)
+
+
+class CurrentSpecs:
+    """The ClaimSpecs of whichever config is in force (a reload swaps the writer, not the preparer)."""
+
+    def __init__(self, writer: Callable[[], ClaimSpecWriter]) -> None:
+        self._writer = writer
+
+    def write(self, claim_uid: str, devices: Sequence[DraDevice], extra: ContainerEdits | None = None
+              ) -> dict[str, str]:
+        return self._writer().write(claim_uid, devices, extra)
+
+    def remove(self, claim_uid: str) -> None:
+        self._writer().remove(claim_uid)
+
+    def exists(self, claim_uid: str) -> bool:
+        return self._writer().exists(claim_uid)
+
+    def present(self) -> frozenset[str]:
+        return self._writer().present()

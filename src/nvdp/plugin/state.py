@@ -16,7 +16,6 @@ from msgspec.structs import replace
 from nvdp.daemon.probes import ResourceStatus
 
 if TYPE_CHECKING:
-    from nvdp.daemon.health import HealthMonitor
     from nvdp.plugin.manager import PluginManager
 
 
@@ -49,6 +48,12 @@ class PluginState(Protocol):
         ...
 
 
+class _Stalls(Protocol):
+    """The health monitor, or what holds it (nvdp.daemon.healthwatch.HealthWatch)."""
+
+    def stalled(self, now: float) -> str | None: ...
+
+
 class _Holds(Protocol):
     """What a plugin process holds, as ServingView reads it."""
 
@@ -59,7 +64,7 @@ class _Holds(Protocol):
     def manager(self) -> PluginManager | None: ...
 
     @property
-    def health(self) -> HealthMonitor | None: ...
+    def health(self) -> _Stalls | None: ...
 
 
 class ServingView:

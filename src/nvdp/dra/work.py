@@ -1,0 +1,317 @@
+"""The DRA plugin's own work on the daemon skeleton: one config's devices, published and prepared.
+
+`switch` (the per-node rule's, nvdp.nodechoice) reads the config, the GPUs and the CDI driver facts and
+puts the devices in force; `begin` publishes the pool (nvdp.dra.keeper), restores the prepared claims
+(nvdp.dra.state), registers with the kubelet (nvdp.dra.server) and starts the health checks; each loop
+tick re-creates a removed socket, ends a mode hand-over and retries a failed publish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from nvdp.config.model import Config, Mode
+from nvdp.daemon.errors import NvmlMissing, StartupError
+from nvdp.daemon.handover import ModeHandover
+from nvdp.daemon.healthwatch import HealthWatch
+from nvdp.daemon.skeleton import DaemonWork, Skeleton
+from nvdp.dra import probes
+from nvdp.dra.devices import DraDevice
+from nvdp.dra.keeper import SliceKeeper
+from nvdp.dra.serving import Serving, prepare
+from nvdp.runloop import EXIT_FAILED, Wakes
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from nvdp.dra.cdi_specs import ClaimSpecWriter
+    from nvdp.dra.mps import ClaimMps
+    from nvdp.dra.server import DraServer
+    from nvdp.dra.sharing import NodeSharing
+    from nvdp.dra.state import ClaimPreparer, NodeView
+    from nvdp.endpoints import Response
+    from nvdp.health.ledger import Change
+    from nvdp.mode import NodeApi
+    from nvdp.nodeconfig import Chosen
+
+CHECKPOINT_FILE = "checkpoint.json"
+LOCK_FILE = "pu.lock"
+# The loop wakes this often to check that its sockets are still there (a kubelet's clean-up, or an
+# operator, may remove them; the plugin watcher then forgets the driver until they are back).
+TICK_S = 1.0
+
+
+class DraWork(DaemonWork):
+    """The devices in force, their slices, the claims prepared on them and the kubelet's sockets."""
+
+    own_mode: Mode | None = "dra"
+
+    def __init__(self, skeleton: Skeleton, args: argparse.Namespace) -> None:
+        self.skeleton = skeleton
+        self.log = skeleton.log
+        self.recorder = skeleton.recorder
+        self.args = args
+        self.env = skeleton.env
+        self.driver: str = args.driver_name
+        self.node = self.env.get("NODE_NAME", "")
+        self.plugin_dir = os.path.join(args.kubelet_plugins_dir, self.driver)
+        self.serving: Serving | None = None
+        self.unhealthy: frozenset[str] = frozenset()
+        self.preparer: ClaimPreparer | None = None
+        self.mps: ClaimMps | None = None
+        self.server: DraServer | None = None
+        self.health = HealthWatch(self.log, self.recorder, "nvidia-dra-plugin")
+        self.not_serving_reason: str | None = "starting"
+        self._lock = threading.Lock()  # the serving state, shared with the health and gRPC threads
+        # The node's mode (nvdp.mode): slices only in "dra" mode, once the device plugin has withdrawn.
+        self.mode: ModeHandover | None = None
+        self.slices = SliceKeeper(self.wanted, self._mode_in_force, self._waiting, self.log)
+
+    # --- one config ------------------------------------------------------------------------------
+
+    def load(self, chosen: Chosen | None) -> Config:
+        from nvdp.daemon.inputs import load_config
+
+        path = chosen.path if chosen is not None else None
+        return load_config(self.args, self.env, path, per_node=self.skeleton.node_config is not None)
+
+    def prepare(self, chosen: Chosen | None) -> Serving:
+        """Config, GPUs, devices and CDI facts; StartupError / NvmlMissing, changing nothing."""
+        return prepare(self.load(chosen), chosen, self.args.cdi_root, self.log)
+
+    def mode_of(self, chosen: Chosen | None) -> Mode:
+        """The mode `chosen` puts the node in (its config read once more, before anything is read from
+        the GPUs, so a switch that must wait costs no NVML or driver-file reads)."""
+        from nvdp.mode import node_mode
+
+        return node_mode(self.load(chosen), self.env)
+
+    def switch(self, chosen: Chosen | None) -> None:
+        """The per-node rule's switch: put `chosen` in force, or raise ConfigRefused serving as before."""
+        from nvdp.dra.pool import env_default_mode, pool_warnings
+        from nvdp.nodechoice import ConfigRefused
+
+        handover = self.mode_handover()
+        try:
+            mode = self.mode_of(chosen)
+            handover.gate.check(mode)  # a mode switch while GPU pods run waits (ModeSwitchRefused)
+            serving = self.prepare(chosen)
+        except (StartupError, NvmlMissing) as err:
+            raise ConfigRefused(str(err)) from None
+        first = self.serving is None
+        ledger = self.health.open_ledger(serving.config)
+        with self._lock:
+            self.serving = serving
+            self.unhealthy = ledger.unhealthy  # GPUs that are down stay down across a re-read
+        if self.mps is not None:  # daemons already running keep their GPUs; their claims set their limits
+            self.mps.inventory = serving.inventory
+        names = ", ".join(serving.devices) or "none"
+        self.log.info("Devices: %s", names)
+        default_is, default_fix = env_default_mode(self.env)
+        for warning in pool_warnings(serving.config, serving.inventory, mode, default_is=default_is,
+                                     default_fix=default_fix):
+            self.log.warning("%s", warning)
+        if mode == "dra":
+            self.slices.withdrawn = False
+        handover.enter(mode)
+        if first:
+            return
+        self.slices.publish()
+        if not handover.waiting:
+            handover.advertising()
+        self.start_health()
+        self.recorder.config_applied(serving.config.source, f"devices {names}", True, time.time(),
+                                     notify=self.skeleton.node_config is None)
+
+    def wanted(self) -> tuple[Sequence[DraDevice], frozenset[str]] | None:
+        with self._lock:
+            if self.serving is None:
+                return None
+            return list(self.serving.devices.values()), self.unhealthy
+
+    def view(self) -> NodeView:
+        from nvdp.dra.state import NodeView
+
+        with self._lock:
+            assert self.serving is not None
+            return NodeView(devices=self.serving.devices, unhealthy=self.unhealthy)
+
+    # --- the node's mode (nvdp.mode) -------------------------------------------------------------
+
+    def mode_api(self) -> NodeApi | None:
+        return self.skeleton.api.node_api(self.node, self.driver, self.log, all_claims=True)
+
+    def mode_handover(self) -> ModeHandover:
+        """Entering "dra", publish only once the device plugin has withdrawn this node's GPUs."""
+        if self.mode is None:
+            gate = self.skeleton.gate
+            assert gate is not None
+            self.mode = ModeHandover(gate, self._waits, self.log)
+        return self.mode
+
+    def _waits(self, api: NodeApi) -> tuple[str, Callable[[], str | None]] | None:
+        from nvdp.mode import device_plugin_resources, planned_resources
+
+        serving = self.serving
+        assert serving is not None
+        names = planned_resources(serving.config, serving.inventory)
+
+        def advertised() -> str | None:
+            found = device_plugin_resources(api.allocatable(), names)
+            return f"allocatable {', '.join(found)} on node {api.node}" if found else None
+
+        return "the device plugin to withdraw this node's GPUs", advertised
+
+    def _mode_in_force(self) -> Mode | None:
+        gate = self.skeleton.gate
+        return gate.mode if gate is not None else None
+
+    def _waiting(self) -> bool:
+        return self.mode is not None and self.mode.waiting
+
+    # --- serving ---------------------------------------------------------------------------------
+
+    def begin(self) -> int | None:
+        """After the first config: slices, prepared claims, the kubelet's sockets, health checks."""
+        from nvdp.dra.cdi_specs import CurrentSpecs
+        from nvdp.dra.publish import SlicePublisher
+        from nvdp.dra.server import DraServer
+        from nvdp.dra.state import ClaimPreparer
+        from nvdp.kube import get_claim, list_claims
+
+        client = self.skeleton.api.client()
+        self.slices.publisher = SlicePublisher(client, node=self.node, driver=self.driver, log=self.log,
+                                               recorder=self.recorder)
+        self.slices.publish()
+        self.slices.publisher.start_watch()
+        os.makedirs(self.plugin_dir, exist_ok=True)
+        self.preparer = ClaimPreparer(
+            driver=self.driver, pool=self.node,
+            checkpoint_path=os.path.join(self.plugin_dir, CHECKPOINT_FILE),
+            lock_path=os.path.join(self.plugin_dir, LOCK_FILE),
+            specs=CurrentSpecs(self._writer), get_claim=lambda ns, name: get_claim(client, ns, name),
+            view=self.view, log=self.log, sharing=self.node_sharing(client))
+        problem = self.preparer.restore(lambda: list_claims(client))
+        if problem is not None:
+            self.recorder.event("CheckpointSetAside", problem)
+        self.server = DraServer(driver=self.driver, plugin_dir=self.plugin_dir,
+                                registry_dir=self.args.kubelet_registrar_dir,
+                                prepare=self.preparer.prepare, unprepare=self.preparer.unprepare,
+                                log=self.log, on_registered=self.on_registered, recorder=self.recorder,
+                                node=self.node, prepared=self.preparer.prepared)
+        self.server.start()
+        self.start_health()
+        self.not_serving_reason = None
+        return None
+
+    def _writer(self) -> ClaimSpecWriter:
+        serving = self.serving
+        assert serving is not None
+        return serving.specs
+
+    def node_sharing(self, client: Any) -> NodeSharing:
+        """Claims' sharing on this node; MPS when the pod has the MPS root (chart value dra.mps)."""
+        from functools import partial
+
+        from nvdp.dra.claim_events import ClaimEvents
+        from nvdp.dra.mps import ClaimMps
+        from nvdp.dra.sharing import NodeSharing
+        from nvdp.mps.compute_mode import NvmlComputeModes
+        from nvdp.mps.paths import CONTAINER_ROOT_ENV, HOST_ROOT_ENV, container_root
+
+        assert self.serving is not None
+        config = self.serving.config
+        warner = ClaimEvents(client, node=self.node, component="nvidia-dra-plugin", log=self.log)
+        if not (self.env.get(HOST_ROOT_ENV) or self.env.get(CONTAINER_ROOT_ENV)):
+            return NodeSharing(driver=self.driver, mps=None, log=self.log, warner=warner, no_mps_reason=(
+                f"the pod has no MPS root ({HOST_ROOT_ENV} is not set): install with the chart value "
+                "dra.mps=true (the default), which mounts it and the MPS clients' /dev/shm"))
+        self.mps = ClaimMps(
+            root=container_root(self.env), host_root=self.env.get(HOST_ROOT_ENV) or config.flags.mps_root,
+            driver=self.driver, inventory=self.serving.inventory,
+            modes_factory=partial(NvmlComputeModes, config.flags.plugin.container_driver_root),
+            log=self.log, recorder=self.recorder)
+        return NodeSharing(driver=self.driver, mps=self.mps, log=self.log, no_mps_reason="", warner=warner)
+
+    def on_registered(self, registered: bool, error: str) -> None:
+        if registered:
+            self.log.info("Registered with the kubelet as DRA driver %s", self.driver)
+        else:
+            self.log.error("The kubelet refused the registration of DRA driver %s: %s", self.driver, error)
+
+    def on_health(self, unhealthy: frozenset[str], changes: Sequence[Change]) -> None:
+        """The health monitor's consumer: devices of GPUs that are down leave the slices, and return."""
+        with self._lock:
+            if unhealthy == self.unhealthy:
+                return
+            self.unhealthy = unhealthy
+        self.slices.publish()
+
+    def start_health(self) -> None:
+        assert self.serving is not None
+        self.health.start(self.serving.config, self.serving.inventory, self.on_health)
+
+    # --- the loop and the end --------------------------------------------------------------------
+
+    def start_failed(self, err: Exception) -> int | None:
+        from nvdp.config.select import SelectionError
+        from nvdp.daemon.owned_socket import ServerStartError
+        from nvdp.kube import KubeConnectError
+        from nvdp.nodechoice import ConfigRefused
+
+        if isinstance(err, (StartupError, ConfigRefused, SelectionError, KubeConnectError, NvmlMissing)):
+            self.log.error("%s", err)
+        elif isinstance(err, (OSError, ServerStartError)):  # the plugin folder, the checkpoint, a socket
+            self.log.error("Cannot start the DRA plugin: %s", err)
+        else:
+            raise err
+        return EXIT_FAILED
+
+    def replanning(self, why: str, *, retry: bool) -> None:
+        if not retry:
+            self.log.info("%s: reloading the configuration and re-reading the GPUs", why)
+
+    def step(self, wakes: Wakes) -> int | None:
+        if self.server is not None:
+            from nvdp.daemon.owned_socket import ServerStartError
+
+            try:
+                self.server.check_sockets()
+            except ServerStartError as err:  # tried again at the next tick
+                self.log.error("Cannot make the DRA plugin's socket again: %s", err)
+        if self.mode is not None and self.mode.poll():
+            self.slices.publish()
+            self.mode.advertising()
+        self.slices.retry()
+        return None
+
+    def wake_after(self) -> float | None:
+        return TICK_S
+
+    def stop(self) -> None:
+        self.health.stop(timeout=0)
+        if self.server is not None:
+            # Removing the registration socket deregisters the driver. The slices stay: a restarted
+            # plugin takes them over unchanged, and the kubelet removes them once no plugin of this
+            # driver has registered for 30 s (an uninstall).
+            self.log.info("Stopping the DRA plugin.")
+            self.server.stop()
+        if self.slices.publisher is not None:
+            self.slices.publisher.stop()
+        if self.mps is not None:
+            # The daemons run in this container and end with it; stopping them puts the GPUs' compute
+            # mode back. A restarted plugin starts them again for the claims still prepared.
+            self.mps.stop()
+
+    # --- probes ----------------------------------------------------------------------------------
+
+    def readyz(self) -> Response:
+        return probes.readyz(self)
+
+    def healthz(self) -> Response:
+        return probes.healthz(self)

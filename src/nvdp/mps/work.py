@@ -1,0 +1,168 @@
+"""The MPS control daemon's own work on the daemon skeleton: the chosen config's daemons, in force.
+
+`switch` (the per-node rule's, nvdp.nodechoice) loads the config, checks the mode switch, plans the
+MPS resources and restarts the daemons when the entry or its content changed; `finish` is the final
+stop (compute modes back to DEFAULT, host state cleaned up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nvdp.daemon.api import PODS_UNREADABLE
+from nvdp.daemon.errors import CannotGoOn
+from nvdp.daemon.skeleton import DaemonWork, Skeleton
+from nvdp.mode import ModeGate, driver_name, follower_mode
+from nvdp.mps.commands import MpsConfigError, MpsSettings
+from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeModes
+from nvdp.mps.daemons import Daemons, plan_mps
+from nvdp.mps.host_setup import clean_up
+from nvdp.mps.paths import ResourcePaths, unusable_root, unusable_root_message
+from nvdp.nodeconfig import Chosen, NodeConfigSettings
+
+if TYPE_CHECKING:
+    from nvdp.mode import NodeApi
+
+
+def load_settings(
+    args: argparse.Namespace, chosen: Chosen | None = None, gate: ModeGate | None = None,
+    env: Mapping[str, str] = os.environ,
+) -> tuple[str, list[MpsSettings], Callable[[], ComputeModes]]:
+    """Config source and MPS settings; raises the config, inventory, plan or MPS error as is, or the
+    mode gate's ConfigRefused (a mode switch that must wait). No settings in DRA mode.
+
+    `chosen`: the per-node entry (CONFIG_DIR mode), which replaces --config-file / CONFIG_FILE.
+    """
+    from nvdp.config.flags import overrides_from_args
+    from nvdp.config.loader import load_config
+    from nvdp.inventory.nvml import discover
+
+    if chosen is None:
+        config = load_config(args.config_file, None, overrides_from_args(args))
+    else:
+        entry_env = {k: v for k, v in env.items() if k != "CONFIG_FILE"}
+        path = str(chosen.path) if chosen.path is not None else None
+        config = load_config(path, entry_env, overrides_from_args(args))
+    modes_factory = partial(NvmlComputeModes, config.flags.plugin.container_driver_root)
+    mode = follower_mode(config, env)
+    if gate is not None:
+        gate.check(mode)
+    if mode == "dra":
+        source, settings = f"{config.source} (DRA mode: the DRA plugin runs MPS for its claims)", []
+    else:
+        inventory = discover(config.flags.nvidia_driver_root, config.flags.plugin.container_driver_root)
+        source, settings = config.source, plan_mps(config, inventory)
+    if gate is not None:
+        gate.enter(mode)
+    return source, settings, modes_factory
+
+
+def start_errors() -> tuple[type[BaseException], ...]:
+    from nvdp.config.loader import ConfigError
+    from nvdp.config.select import SelectionError
+    from nvdp.inventory.nvml import NvmlUnavailable
+    from nvdp.plan import PlanError
+
+    return (ConfigError, NvmlUnavailable, PlanError, MpsConfigError, ComputeModeError, SelectionError)
+
+
+def root_problem(root: Path, settings: Sequence[MpsSettings]) -> str | None:
+    """Why no daemon could work under `root`, checked before any GPU's compute mode is touched."""
+    for item in settings:
+        problem = unusable_root(root, ResourcePaths(root, item.resource_name).base)
+        if problem is not None:
+            return unusable_root_message(root, problem)
+    return None
+
+
+class CannotStart(CannotGoOn):
+    """The daemons cannot run on this node whatever the config (the MPS root, a compute mode)."""
+
+    prefix = "cannot start: "
+
+
+class MpsDaemonWork(DaemonWork):
+    """Puts the chosen config's daemons in force (the `switch` of nvdp.nodechoice) and stops them.
+
+    The node's mode: the plugins record its Events, this daemon only logs (nvdp.mode).
+    """
+
+    def __init__(self, skeleton: Skeleton, args: argparse.Namespace, root: Path, probe_interval: float,
+                 settings: NodeConfigSettings | None) -> None:
+        self.skeleton = skeleton
+        self.log = skeleton.log
+        self.args = args
+        self.root = root
+        self.probe_interval = probe_interval
+        self.settings = settings
+        self.current: Daemons | None = None
+
+    def mode_api(self) -> NodeApi | None:
+        """The pods on this node: with per-node config only, where the mode can change while it runs."""
+        settings = self.settings
+        if settings is None or not settings.node_name:
+            return None
+        return self.skeleton.api.node_api(settings.node_name, driver_name(self.skeleton.env), self.log,
+                                          unreachable=PODS_UNREADABLE)
+
+    def switch(self, chosen: Chosen | None) -> None:
+        from nvdp.nodechoice import ConfigRefused
+
+        log = self.log
+        if chosen is not None:
+            log.info("per-node config: %s", chosen.describe())
+        try:
+            source, settings, modes_factory = load_settings(self.args, chosen, self.skeleton.gate,
+                                                            self.skeleton.env)
+        except start_errors() as err:
+            raise ConfigRefused(str(err)) from None
+        unusable = root_problem(self.root, settings)
+        if unusable is not None and self.current is None:
+            # Exit so the pod shows the failure (CrashLoopBackOff) instead of looking Running.
+            raise CannotStart(unusable)
+        if self.current is not None:
+            log.info("reloading: stopping the running MPS daemons")
+            self.current.stop()
+        log.info("config: %s", source)
+        self.current = Daemons(settings, self.root, modes_factory, log, self.probe_interval,
+                               recorder=self.skeleton.recorder)
+        if not settings:
+            log.info("no resource is shared with MPS in %s; nothing to do", source)
+        for item in settings:
+            log.info("resource %s", item.describe())
+        try:
+            self.current.start()
+        except ComputeModeError as err:
+            raise CannotStart(str(err)) from None
+
+    def start_failed(self, err: Exception) -> int | None:
+        from nvdp.config.select import SelectionError
+        from nvdp.nodechoice import ConfigRefused
+
+        if not isinstance(err, (ConfigRefused, SelectionError)):
+            raise err
+        self.log.error("cannot start: %s", err)
+        return 1
+
+    def finish(self, code: int) -> int:
+        """The final stop: daemons down, compute modes back to DEFAULT, host state cleaned up."""
+        if code != 0:
+            return code
+        self.log.info("stopping")
+        stopping, self.current = self.current, None
+        restored = stopping.stop() if stopping is not None else True
+        if stopping is not None:
+            clean_up(stopping.settings, self.root)
+        if not restored:
+            self.log.error("stopped, but a GPU's compute mode could not be restored to DEFAULT (see above)")
+            return 1
+        return 0
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self.current.stop()
