@@ -19,14 +19,18 @@ or its own when only it went down.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from msgspec import Struct
 
 from nvdp.dra.devices import DraDevice
 from nvdp.health.xids import describe
+
+if TYPE_CHECKING:
+    from nvdp.config.model import Config
 
 XID_KEY = "gpu.nvidia.com/xid"
 GPU_LOST_KEY = "gpu.nvidia.com/gpu-lost"
@@ -137,9 +141,82 @@ def device_health(
     return out
 
 
+def device_health_for(config: Config, devices: Sequence[DraDevice], record: Mapping[str, Any] | None, *,
+                      informational: Mapping[str, tuple[int, float]] | None = None,
+                      unmonitored: Iterable[str] = ()) -> dict[str, DeviceHealth]:
+    """`device_health` under `config`'s health settings (healthRecoveryAfter, healthTaintEffect): what
+    the DRA plugin publishes and streams, and what `nvdp dra slices --health-record` shows."""
+    from nvdp.health.settings import settings_from_config
+
+    return device_health(devices, record, quiet_s=settings_from_config(config).after,
+                         down_effect=config.flags.plugin.health_taint_effect, informational=informational,
+                         unmonitored=unmonitored)
+
+
+class InformationalXids:
+    """The latest XID in the skip list per GPU, kept for the quiet period (healthRecoveryAfter, or 5
+    minutes with recovery off): its `None` taint says it happened without keeping anything off the GPU.
+    Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[int, float]] = {}
+
+    def seen(self, gpu: str, xid: int, now: float) -> None:
+        with self._lock:
+            self._seen[gpu] = (xid, now)
+
+    def current(self, now: float, quiet_s: float | None) -> dict[str, tuple[int, float]]:
+        """The ones within the quiet period at `now` (older ones are forgotten)."""
+        keep = 300.0 if quiet_s is None else quiet_s
+        with self._lock:
+            self._seen = {gpu: seen for gpu, seen in self._seen.items() if now - seen[1] < keep}
+            return dict(self._seen)
+
+    def next_expiry(self, quiet_s: float | None) -> float | None:
+        """When the next one is forgotten (its taint must then be published away); None: none held."""
+        keep = 300.0 if quiet_s is None else quiet_s
+        with self._lock:
+            return min((at + keep for _, at in self._seen.values()), default=None)
+
+
 def slice_taints(health: Mapping[str, DeviceHealth]) -> dict[str, tuple[dict[str, Any], ...]]:
     """The taints each device carries in the ResourceSlice, as API JSON (devices without any left out)."""
     return {name: tuple(t.api() for t in h.taints) for name, h in health.items() if h.taints}
+
+
+def what_brings_back(taints: Sequence[Mapping[str, Any]]) -> str:
+    """What a published device's taints say: what happened and what brings the device back (for the
+    doctor, which reads the slices, not the record)."""
+    by_key = {str(t.get("key")): str(t.get("value") or "") for t in taints}
+    effects = {str(t.get("effect")) for t in taints}
+    said: list[str] = []
+    if GPU_LOST_KEY in by_key:
+        said.append("the GPU is lost (fallen off the bus)")
+    if XID_KEY in by_key and by_key[XID_KEY].isdigit():
+        xid = describe(int(by_key[XID_KEY]))
+        said.append(f"{xid}, informational (in the skip list): nothing to do" if effects == {"None"} else xid)
+    state = by_key.get(RECOVERY_KEY)
+    if state == "needs-reset":
+        said.append("needs a GPU reset (nvidia-smi -r) or a node reboot, then comes back once NVML shows it")
+    elif state == "recovering":
+        said.append("comes back by itself after the quiet period (healthRecoveryAfter) once NVML finds it "
+                    "fine")
+    elif state == "flapping":
+        said.append("flapping: stays down until `nvdp health clear <GPU UUID>` in the DRA plugin's pod")
+    elif state == "recovery-off":
+        said.append("recovery is off: stays down until the DRA plugin restarts or `nvdp health clear`")
+    if UNMONITORED_KEY in by_key:
+        said.append("NVML cannot watch its health")
+    others = sorted(k for k in by_key if k not in (GPU_LOST_KEY, XID_KEY, RECOVERY_KEY, UNMONITORED_KEY))
+    if others:
+        said.append(f"tainted by someone else ({', '.join(others)})")
+    return "; ".join(said) or "tainted"
+
+
+def is_down(taints: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the taints keep new claims off the device (any effect but None)."""
+    return any(str(t.get("effect")) in DOWN_EFFECTS for t in taints)
 
 
 def _covers(fault: Mapping[str, Any], device: DraDevice) -> bool:
