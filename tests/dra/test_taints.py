@@ -238,3 +238,30 @@ def test_a_taint_coming_or_going_changes_the_slice_content() -> None:
         devices, record_with((gpu, [gpu], xid_cause(48))), quiet_s=QUIET)))
     assert slice_content(clean[0]) != slice_content(tainted[0])
     assert slice_content(make(devices, taints={})[0]) == slice_content(clean[0])
+
+
+def test_informational_xids_are_kept_for_the_quiet_period() -> None:
+    from nvdp.dra.taints import InformationalXids
+
+    held = InformationalXids()
+    assert held.next_expiry(QUIET) is None
+    held.seen("GPU-a", 13, T0)
+    held.seen("GPU-a", 31, T0 + 10)  # the latest per GPU
+    held.seen("GPU-b", 43, T0 + 20)
+    assert held.current(T0 + 30, QUIET) == {"GPU-a": (31, T0 + 10), "GPU-b": (43, T0 + 20)}
+    assert held.next_expiry(QUIET) == T0 + 10 + QUIET
+    assert held.current(T0 + 10 + QUIET, QUIET) == {"GPU-b": (43, T0 + 20)}
+    assert held.current(T0 + 20 + 300, None) == {}  # recovery off: five minutes
+
+
+def test_device_health_for_takes_the_configs_quiet_period_and_effect() -> None:
+    from nvdp.config.loader import load_config_text
+    from nvdp.dra.taints import device_health_for
+
+    devices = devices_of("a100-sxm-8")
+    gpu = devices[0].gpu_uuid
+    text = "flags:\n  plugin:\n    healthRecoveryAfter: 10m\n    healthTaintEffect: NoExecute\n"
+    config = load_config_text(text, env={})
+    down = device_health_for(config, devices, record_with((gpu, [gpu], xid_cause(94))))[devices[0].name]
+    assert {t.effect for t in down.taints} == {"NoExecute"}
+    assert "comes back by itself at 08:10:00 UTC" in down.message
