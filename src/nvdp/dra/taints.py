@@ -71,6 +71,35 @@ class Taint(Struct, frozen=True):
         return out
 
 
+class Toleration(Struct, frozen=True):
+    """A claim request's toleration of device taints, as the scheduler copies it into the allocation
+    result (resource.k8s.io/v1 DeviceToleration, tolerationSeconds aside)."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+def tolerated(tolerations: Sequence[Toleration], taints: Sequence[Taint]) -> bool:
+    """Whether every taint that keeps claims off a device (any effect but None) is tolerated."""
+    return all(any(t.tolerates(taint) for t in tolerations) for taint in taints if taint.effect != "None")
+
+
+def tolerations_of(result: Mapping[str, Any]) -> tuple[Toleration, ...]:
+    """The tolerations of an allocation result (ResourceClaim status.allocation.devices.results[])."""
+    return tuple(Toleration(key=str(t.get("key") or ""), operator=str(t.get("operator") or "Equal"),
+                            value=str(t.get("value") or ""), effect=str(t.get("effect") or ""))
+                 for t in result.get("tolerations") or () if isinstance(t, Mapping))
+
+
 class DeviceHealth(Struct, frozen=True):
     """One published device's health: what the kubelet shows in the pod and the slice carries."""
 
