@@ -265,3 +265,25 @@ def test_device_health_for_takes_the_configs_quiet_period_and_effect() -> None:
     down = device_health_for(config, devices, record_with((gpu, [gpu], xid_cause(94))))[devices[0].name]
     assert {t.effect for t in down.taints} == {"NoExecute"}
     assert "comes back by itself at 08:10:00 UTC" in down.message
+
+
+def test_the_documented_diagnostics_claim_is_valid_and_tolerates_a_down_gpu() -> None:
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from nvdp.dra.taints import Toleration, tolerated
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "dra.md").read_text()
+    (block,) = re.findall(r"```yaml\n(# A diagnostics pod.*?)```", text, re.S)
+    template = yaml.safe_load(block)
+    kubernetes_validate.validate(template, "1.36", strict=True)
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    tolerations = [Toleration(**t) for t in request["exactly"]["tolerations"]]
+    devices = devices_of("a100-sxm-8")
+    gpu = devices[0].gpu_uuid
+    for cause in (xid_cause(48), xid_cause(94)):
+        down = device_health(devices, record_with((gpu, [gpu], cause)), quiet_s=QUIET,
+                             down_effect="NoExecute")[devices[0].name]
+        assert tolerated(tolerations, down.taints)
