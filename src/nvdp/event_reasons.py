@@ -62,6 +62,8 @@ REASONS: Mapping[str, Reason] = MappingProxyType({
     # The DRA plugin (nvdp.dra)
     "CheckpointSetAside": Reason(_DRA, "an unreadable checkpoint was set aside and rebuilt"),
     "ResourceSlicePublishFailed": Reason(_DRA, "the node's ResourceSlices cannot be published"),
+    "DeviceTaintsUnsupported": Reason(
+        _DRA, "the API server drops device taints: down GPUs leave the pool instead of being tainted"),
     "ClaimConfigDriverMismatch": Reason(
         _DRA, "a claim config names a near miss of the driver's name and is ignored", on="ResourceClaim"),
 })

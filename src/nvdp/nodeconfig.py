@@ -150,10 +150,21 @@ class NodeConfig:
         self._poller.start()
 
     def _start_watch(self, node_name: str) -> None:
-        from nvdp.kube import KubeConnectError, NodeWatcher, connect
+        from nvdp.kube import KubeConnectError, NoApiAccess, NodeWatcher, connect
 
         try:
             watch_client = connect(self.settings.kubeconfig)
+        except NoApiAccess as err:
+            entries = list_entries(self.settings.config_dir)
+            if len(entries) <= 1:
+                # The chart's least-privilege install: one entry, so no API access is given.
+                self._log.info("the node label %s is not followed: one config entry (%s) and no API access "
+                               "(%s)", self.settings.label_name, entries[0] if entries else "none", err)
+            else:
+                self._log.error("cannot follow the node label %s: %s; using config.default and the fallback "
+                                "strategies (the chart grants API access where several entries exist)",
+                                self.settings.label_name, err)
+            return
         except KubeConnectError as err:
             self._log.error("cannot follow the node label %s: %s; using config.default and the fallback "
                             "strategies", self.settings.label_name, err)

@@ -176,6 +176,7 @@ def test_an_invalid_claim_uid_is_refused() -> None:
 # --- a MIG device on h100-mig-8: the stand-in NVML and a fake driver tree (tests/cdi/test_mig.py) -----------
 
 
+@pytest.mark.slow
 @needs_root
 def test_a_mig_device_on_h100_mig_8(tmp_path: Path, inventory: Inventory) -> None:
     root, proc = node_tree(tmp_path, inventory)

@@ -18,6 +18,8 @@ import pytest
 import yaml
 from chart_helm import CHART_DIR, ROOT, render
 
+pytestmark = pytest.mark.slow  # starts processes
+
 VENV = ROOT / ".build" / "checkov-venv"
 CHECKOV = VENV / "bin" / "checkov"
 MPS_CONFIG = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"

@@ -201,6 +201,7 @@ def test_dra_needs_kubernetes_1_34(capfd: pytest.CaptureFixture[str]) -> None:
     assert "set 'dra.enabled=false'" in text
 
 
+@pytest.mark.slow
 def test_checkov_finds_only_what_is_accepted_for_the_device_plugin(tmp_path: Path) -> None:
     # The DRA DaemonSet counts as the device plugin's component (its name starts like it): it needs
     # no right the device plugin's documented findings do not already cover.

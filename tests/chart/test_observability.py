@@ -127,3 +127,21 @@ def test_bad_values_are_refused(values: dict[str, Any], field: str) -> None:
     from chart_helm import render_error
 
     assert field.split(".")[-1] in render_error(values)
+
+
+def test_a_dra_only_install_gets_the_metrics_service_monitor_and_policy() -> None:
+    # The DRA plugin serves nvidia_dra_* on its own "metrics" port: without the device plugin the
+    # Service, ServiceMonitor and policy must still be there, or nothing scrapes it.
+    rendered = render({"devicePlugin": {"enabled": False}, "dra": {"enabled": True},
+                       "metrics": {"enabled": True, "serviceMonitor": {"enabled": True}},
+                       "networkPolicy": {"enabled": True}})
+    (dra,) = [d for d in rendered.find("DaemonSet") if "dra" in d["metadata"]["name"]]
+    assert PLUGIN_DS not in rendered.daemonsets()
+    service = rendered.one("Service")
+    pod_labels = dra["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    ports = [p["name"] for c in dra["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]
+    assert "metrics" in ports
+    assert rendered.find("ServiceMonitor") != []
+    policies = {p["metadata"]["name"] for p in rendered.find("NetworkPolicy")}
+    assert "nvdp-nvidia-device-plugin-allow-metrics" in policies

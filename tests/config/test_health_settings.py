@@ -57,11 +57,13 @@ def test_names_of_the_contract() -> None:
         "HEALTH_RECOVERY_AFTER": "flags.plugin.healthRecoveryAfter",
         "HEALTH_FLAP_LIMIT": "flags.plugin.healthFlapLimit",
         "HEALTH_STATE_DIR": "flags.plugin.healthStateDir",
+        "HEALTH_TAINT_EFFECT": "flags.plugin.healthTaintEffect",
     }
     assert {flag: FLAG_PATHS[flag] for flag in FLAG_PATHS if flag.startswith("--health-")} == {
         "--health-recovery-after": "flags.plugin.healthRecoveryAfter",
         "--health-flap-limit": "flags.plugin.healthFlapLimit",
         "--health-state-dir": "flags.plugin.healthStateDir",
+        "--health-taint-effect": "flags.plugin.healthTaintEffect",
     }
 
 

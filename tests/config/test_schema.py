@@ -119,7 +119,7 @@ def test_schema_defaults_match_model_defaults() -> None:
             continue  # no sharing block by default; checked below
         assert at(defaults_doc, path) == default, path
         checked += 1
-    assert checked == 37  # every leaf of flags, resources, imex and version
+    assert checked == 38  # every leaf of flags, resources, imex and version
 
 
 def test_every_default_field_has_a_schema_default() -> None:

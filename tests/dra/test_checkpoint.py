@@ -227,6 +227,7 @@ for _ in range(20):
 """
 
 
+@pytest.mark.slow
 def test_concurrent_saves_from_processes_leave_one_whole_file(tmp_path: Path) -> None:
     path = str(tmp_path / "checkpoint.json")
     procs = [subprocess.Popen([sys.executable, "-c", _SAVER, path, f"u{tag}"]) for tag in range(4)]

@@ -198,6 +198,7 @@ def test_set_timeslice_runs_nvidia_smi_and_reports_its_failure() -> None:
         set_timeslice("GPU-A", "Fast", run)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_the_stand_in_nvidia_smi_records_the_interval(tmp_path: Path) -> None:
     import json
     import os
@@ -240,6 +241,7 @@ def claim_mps(mps_root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple
     manager.stop()
 
 
+@pytest.mark.slow
 def test_claims_on_one_gpu_share_its_daemon_until_the_last_is_gone(claim_mps: tuple[ClaimMps, FakeModes],
                                                                    mps_root: Path) -> None:
     manager, modes = claim_mps
@@ -259,6 +261,7 @@ def test_claims_on_one_gpu_share_its_daemon_until_the_last_is_gone(claim_mps: tu
     assert manager.users() == {}
 
 
+@pytest.mark.slow
 def test_a_claim_on_another_gpu_set_overlapping_a_running_daemon_is_refused(
         claim_mps: tuple[ClaimMps, FakeModes]) -> None:
     manager, _ = claim_mps
@@ -271,6 +274,7 @@ def test_a_claim_on_another_gpu_set_overlapping_a_running_daemon_is_refused(
     assert set(manager.users()) == {(g0,), (g1,)}
 
 
+@pytest.mark.slow
 def test_a_daemon_that_does_not_answer_fails_the_prepare_with_its_error(
         claim_mps: tuple[ClaimMps, FakeModes], monkeypatch: pytest.MonkeyPatch) -> None:
     manager, modes = claim_mps

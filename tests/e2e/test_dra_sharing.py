@@ -7,7 +7,8 @@ users already have for the device plugin), on the fake driver root of the CDI sc
    `resource: nvidia.com/gpu`; the extended-resource class `nvidia.com-gpu` exists.
 2. two claims with MPS config (25 % / 2 GiB and 50 % / 4 GiB) on the one GPU: both pods Running with the
    MPS pipe at /tmp/nvidia-mps and their own limits in env; one MPS daemon runs for the GPU, in
-   EXCLUSIVE_PROCESS; it stops (compute mode DEFAULT) once both pods are gone.
+   EXCLUSIVE_PROCESS, with the larger claim's limits as its ceiling (a client in the small claim's pod
+   asking for the whole GPU gets 50 % / 4 GiB); it stops (compute mode DEFAULT) once both pods are gone.
 3. a claim through a DeviceClass carrying TimeSlicing config (interval Long): Running, and the driver was
    told time slice 3 for the T4.
 4. a claim with defaultActiveThreadPercentage 101: not prepared, the pod's events name the field.
@@ -191,6 +192,14 @@ def test_two_mps_claims_share_the_gpus_daemon_with_their_own_limits(
     limits = ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
     assert tuple(a[k] for k in limits) == ("25", "0=2048M")
     assert tuple(b[k] for k in limits) == ("50", "0=4096M")
+    # MPS holds every client to the daemon's ceiling, the larger claim's limits: a container of the small
+    # claim that rewrote its environment gets that, no more (the stand-in plays the CUDA client).
+    greedy = "sim_client CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=15G"
+    answer = json.loads(cluster.exec(NAMESPACE, "mps-a", "sh", "-c", f"echo '{greedy}' | "
+                                     "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps nvidia-cuda-mps-control"))
+    assert (answer["thread_percentage"], answer["memory_mib"]) == (50.0, {"0": 4096})
+    ceiling = json.loads(host_file(cluster, f"{MPS_DAEMON_DIR}/limits.json") or "{}").get("ceiling")
+    assert ceiling == {"thread_percentage": 50, "memory_mib": [4096]}
     # the daemon's control socket, reached through the mounted pipe folder, and the shared tmpfs
     listing = cluster.exec(NAMESPACE, "mps-a", "ls", "/tmp/nvidia-mps")
     assert "control" in listing.split(), listing

@@ -28,6 +28,8 @@ import pytest
 from sim.kubelet import KubeletSim
 from sim.nvml import NodeSim
 
+pytestmark = pytest.mark.slow  # starts processes
+
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("serving_probe.py")
 GPU = "nvidia.com/gpu"

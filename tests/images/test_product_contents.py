@@ -14,6 +14,8 @@ from pathlib import Path
 import kit_images
 import pytest
 
+pytestmark = pytest.mark.slow  # starts processes
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted(ROOT.glob("images/*/Dockerfile"))
 # Top-level names of everything in the repository that is not the product.

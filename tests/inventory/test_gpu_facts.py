@@ -131,6 +131,7 @@ def test_mig_fact_errors(migs: list[dict[str, Any]], message: str) -> None:
     assert message in str(err.value)
 
 
+@pytest.mark.slow
 def test_stand_in_nvml_reports_the_profiles_facts(
     tmp_path: Path, nvml_library: Path, run_py: RunPy
 ) -> None:
@@ -153,6 +154,7 @@ def test_stand_in_nvml_reports_the_profiles_facts(
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_stand_in_nvml_reports_the_addressing_mode_of_coherent_systems(
     tmp_path: Path, nvml_library: Path, run_py: RunPy
 ) -> None:

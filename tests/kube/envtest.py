@@ -89,8 +89,10 @@ def make_pki(directory: Path) -> None:
 class ControlPlane:
     """etcd + kube-apiserver on free ports under `workdir`; `start()`, `restart_apiserver()`, `stop()`."""
 
-    def __init__(self, workdir: Path, assets: Path | None = None) -> None:
+    def __init__(self, workdir: Path, assets: Path | None = None, feature_gates: str = "") -> None:
+        """`feature_gates`: kube-apiserver's --feature-gates ("DRADeviceTaints=false"); empty: defaults."""
         self.workdir = workdir
+        self.feature_gates = feature_gates
         self.assets = assets or assets_dir()
         self.pki = workdir / "pki"
         self.etcd_port = free_port()
@@ -134,7 +136,8 @@ class ControlPlane:
             "--authorization-mode=Node,RBAC",
             # The defaults (ValidatingAdmissionPolicy among them, GA since 1.30) plus NodeRestriction.
             "--enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy",
-            "--allow-privileged=true", "--v=0"])
+            "--allow-privileged=true", "--v=0",
+            *([f"--feature-gates={self.feature_gates}"] if self.feature_gates else [])])
         self._wait("kube-apiserver ready", lambda: self._api_ok("/readyz"))
         # RBAC bootstrap roles and the default namespace appear just after /readyz.
         self._wait("default namespace", lambda: self._api_ok("/api/v1/namespaces/default"))
@@ -253,7 +256,7 @@ class ControlPlane:
         path.chmod(0o600)
 
 
-def _control_plane(prefix: str) -> Iterator[ControlPlane]:
+def _control_plane(prefix: str, feature_gates: str = "") -> Iterator[ControlPlane]:
     reason = unavailable_reason()
     if reason is not None:
         print(f"\nSKIP (no throwaway kube-apiserver): {reason}")
@@ -261,7 +264,7 @@ def _control_plane(prefix: str) -> Iterator[ControlPlane]:
     # /dev/shm keeps etcd's fsyncs off the disk: the suite shares two cores with everything else.
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-    plane = ControlPlane(workdir)
+    plane = ControlPlane(workdir, feature_gates=feature_gates)
     try:
         try:
             plane.start()
@@ -285,3 +288,9 @@ def kube_api() -> Iterator[ControlPlane]:
 def kube_api_private() -> Iterator[ControlPlane]:
     """A control plane for one test only: for tests that kill or restart the API server."""
     yield from _control_plane("nvdp-kube-private-")
+
+
+@pytest.fixture
+def kube_api_without_device_taints() -> Iterator[ControlPlane]:
+    """A control plane for one test whose API server has the DRADeviceTaints gate off (it drops taints)."""
+    yield from _control_plane("nvdp-kube-notaints-", feature_gates="DRADeviceTaints=false")

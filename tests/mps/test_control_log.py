@@ -18,6 +18,8 @@ from nvdp.mps.paths import ResourcePaths
 from .processes import MpsNode
 from .waiting import wait_for
 
+pytestmark = pytest.mark.slow  # starts processes
+
 LOG = logging.getLogger("test.tail")
 
 

@@ -41,6 +41,7 @@ def test_is_mounted() -> None:
     assert not is_mounted(Path("/mps/sh"), mounts)
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_commands(mps_root: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "nvdp.mps.main", "mount-shm", "--dry-run"],

@@ -14,6 +14,8 @@ from sim.mps import read_record, recorded_commands
 
 from .waiting import wait_for
 
+pytestmark = pytest.mark.slow  # starts processes
+
 
 @pytest.fixture
 def paths(mps_root: Path, record: Path) -> ResourcePaths:

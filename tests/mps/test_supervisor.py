@@ -21,6 +21,8 @@ from .fakes import FakeModes
 from .nodes import gpu, inventory, mps_config
 from .waiting import wait_for
 
+pytestmark = pytest.mark.slow  # starts processes
+
 UUID = "GPU-00000000-0000-0000-0000-000000000000"
 NO_STATUS = DaemonStatus(state="stopped", error=None, updated=0.0)
 

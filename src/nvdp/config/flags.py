@@ -60,6 +60,8 @@ _HELP = {
     "--health-flap-limit": "a GPU that turns Unhealthy more than this many times in an hour stays down "
     "(env HEALTH_FLAP_LIMIT)",
     "--health-state-dir": "host directory for health.json; empty: no file (env HEALTH_STATE_DIR)",
+    "--health-taint-effect": "DRA mode: NoSchedule or NoExecute, the effect of a down GPU's device taints "
+    "(env HEALTH_TAINT_EFFECT)",
     "--imex-channel-ids": "comma list of IMEX channels: empty or 0 (env IMEX_CHANNEL_IDS)",
     "--imex-required": "fail when an IMEX channel is missing (env IMEX_REQUIRED)",
 }

@@ -19,6 +19,7 @@ DiscoveryStrategy = Literal["auto", "nvml", "tegra"]
 SharingStrategy = Literal["none", "time-slicing", "mps"]
 # Which API serves a node's GPUs (nvdp.mode): the kubelet's device-plugin API or DRA ResourceSlices.
 Mode = Literal["device-plugin", "dra"]
+HealthTaintEffect = Literal["NoSchedule", "NoExecute"]
 CdiHookName = Literal[
     "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification",
     "update-application-profile", "chmod", "all",
@@ -63,6 +64,8 @@ class PluginFlags(Struct, frozen=True):
     health_flap_limit: int = 3
     # Host directory of health.json (written by the health authority, read by GFD); empty: no file.
     health_state_dir: str = ""
+    # DRA mode: the effect of a down GPU's device taints (nvdp.dra.taints); NoExecute evicts its pods.
+    health_taint_effect: HealthTaintEffect = "NoSchedule"
 
     @property
     def cdi_strategies(self) -> tuple[DeviceListStrategy, ...]:

@@ -45,6 +45,7 @@ ENV_VARS: Mapping[str, str] = {
     "HEALTH_RECOVERY_AFTER": "flags.plugin.healthRecoveryAfter",
     "HEALTH_FLAP_LIMIT": "flags.plugin.healthFlapLimit",
     "HEALTH_STATE_DIR": "flags.plugin.healthStateDir",
+    "HEALTH_TAINT_EFFECT": "flags.plugin.healthTaintEffect",
     "IMEX_CHANNEL_IDS": "imex.channelIDs",
     "IMEX_REQUIRED": "imex.required",
 }
@@ -74,6 +75,7 @@ FLAG_PATHS: Mapping[str, str] = {
     "--health-recovery-after": "flags.plugin.healthRecoveryAfter",
     "--health-flap-limit": "flags.plugin.healthFlapLimit",
     "--health-state-dir": "flags.plugin.healthStateDir",
+    "--health-taint-effect": "flags.plugin.healthTaintEffect",
     "--imex-channel-ids": "imex.channelIDs",
     "--imex-required": "imex.required",
 }

@@ -62,6 +62,12 @@ FIX_UNHEALTHY = (
     "GPU, why and what brings it back (the quiet period, a reset with `nvidia-smi -r`, or `nvdp health "
     "clear` for a flapping one); the node's Events (`kubectl describe node <node>`) tell the same"
 )
+FIX_TAINTED = (
+    "a device stays in the pool tainted while the plugin holds its GPU down, and its taints go when the "
+    "GPU recovers: each device above says what brings it back; `nvdp health` in the DRA plugin's "
+    "container names the GPU and its fault, and a claim that tolerates the taint (a diagnostics pod) may "
+    "still use it (docs/dra.md, 'When a GPU goes down')"
+)
 FIX_BOTH = (
     "in device-plugin mode the DRA plugin deletes this node's slices: see its log ('This node is in "
     "device-plugin mode', 'Cannot delete'); if the node should be in DRA mode, check its entry's "
@@ -280,7 +286,7 @@ def dra_slices(node: DraNode, node_name: str, kubeconfig: str | None, inventory:
     if inventory is None:
         return skipped(check, SLICES_TITLE, f"{where}, {len(published)} device(s); not compared with this "
                                             "node's GPUs: NVML did not load (see above)")
-    return _compare(check, where, published, inventory)
+    return _compare(check, where, published, inventory, _newest_taints(found, pools))
 
 
 def dra_no_slices(node: DraNode, node_name: str, kubeconfig: str | None) -> Finding:
@@ -308,8 +314,10 @@ def dra_no_slices(node: DraNode, node_name: str, kubeconfig: str | None) -> Find
                   "both APIs", FIX_BOTH)
 
 
-def _compare(check: str, where: str, published: Mapping[str, str], inventory: Inventory) -> Finding:
+def _compare(check: str, where: str, published: Mapping[str, str], inventory: Inventory,
+             taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> Finding:
     from nvdp.dra.devices import dra_devices
+    from nvdp.dra.taints import is_down, what_brings_back
 
     expected = {d.name: d.uuid for d in dra_devices(inventory)}
     missing = [name for name in expected if name not in published]
@@ -327,10 +335,17 @@ def _compare(check: str, where: str, published: Mapping[str, str], inventory: In
         if unknown:
             problems.append(f"published but not on this node: {short_list(unknown)}")
         fixes.append(FIX_STALE)
+    marked = {name: list(t) for name, t in (taints or {}).items() if t}
+    down = [f"{name} ({what_brings_back(t)})" for name, t in marked.items() if is_down(t)]
+    notes = [f"{name} ({what_brings_back(t)})" for name, t in marked.items() if not is_down(t)]
+    if down:
+        problems.append(f"tainted, kept from new claims: {short_list(down)}")
+        fixes.append(FIX_TAINTED)
+    noted = f"; tainted without effect: {short_list(notes)}" if notes else ""
     if problems:
-        return failed(check, SLICES_TITLE, f"{where}; {'; '.join(problems)}", "; ".join(fixes))
-    return passed(check, SLICES_TITLE,
-                  f"{where}; {len(expected)} device(s), as this node's GPUs give: {short_list(expected)}")
+        return failed(check, SLICES_TITLE, f"{where}; {'; '.join(problems)}{noted}", "; ".join(fixes))
+    return passed(check, SLICES_TITLE, f"{where}; {len(expected)} device(s), as this node's GPUs give: "
+                                       f"{short_list(expected)}{noted}")
 
 
 def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -372,6 +387,16 @@ def _newest_devices(found: Sequence[Mapping[str, Any]], pools: Sequence[_Pool]) 
             uuid = (device.get("attributes") or {}).get("uuid") or {}
             devices[str(device.get("name", ""))] = str(uuid.get("string", ""))
     return devices
+
+
+def _newest_taints(found: Sequence[Mapping[str, Any]], pools: Sequence[_Pool]
+                   ) -> dict[str, list[Mapping[str, Any]]]:
+    """Device name -> its taints, over the slices of each pool's newest generation."""
+    newest = {(p.name, p.generation) for p in pools}
+    return {str(device.get("name", "")): list(device.get("taints") or ())
+            for obj in found
+            if (str(_pool(obj).get("name", "")), _int(_pool(obj).get("generation"))) in newest
+            for device in _spec(obj).get("devices") or ()}
 
 
 def _api_problem(err: Exception) -> tuple[str, str]:

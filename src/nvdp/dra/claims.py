@@ -14,6 +14,7 @@ from typing import Any
 from msgspec import Struct
 
 from nvdp.dra.causes import CLAIM_NOT_FOUND, INVALID_CLAIM
+from nvdp.dra.taints import Toleration, tolerations_of
 
 
 class ClaimProblem(Exception):
@@ -35,6 +36,8 @@ class Allocated(Struct, frozen=True):
     # Set by the scheduler when the device allows multiple allocations (a shared GPU's replicas):
     # this claim's share, one of several claims holding the device.
     share_id: str = ""
+    # The request's tolerations the scheduler took into account for a tainted device (KEP-5055).
+    tolerations: tuple[Toleration, ...] = ()
 
 
 def describe(namespace: str, name: str, uid: str) -> str:
@@ -57,6 +60,7 @@ def our_results(claim: Mapping[str, Any], driver: str) -> tuple[Allocated, ...]:
             device=str(result.get("device", "")),
             admin_access=bool(result.get("adminAccess") or False),
             share_id=str(result.get("shareID") or ""),
+            tolerations=tolerations_of(result),
         ))
     return tuple(found)
 

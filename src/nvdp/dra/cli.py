@@ -6,6 +6,7 @@ import argparse
 import json
 import re
 import sys
+from pathlib import Path
 from typing import Any, TextIO, get_args
 
 from nvdp.config.model import Mode
@@ -48,6 +49,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--driver", default=DEFAULT_DRIVER, help=f"DRA driver name (default {DEFAULT_DRIVER})"
     )
     slices.add_argument("--node-name", metavar="NAME", help="the node's name (default: the profile's name)")
+    slices.add_argument(
+        "--health-record",
+        metavar="FILE",
+        help="the node's health record (health.json in the chart's devicePlugin.healthRecovery.stateDir): "
+        "devices of GPUs that are down are shown with the device taints the plugin publishes for them, "
+        "and each tainted device's state and what brings it back is printed on stderr",
+    )
     slices.set_defaults(handler=run)
     return dra
 
@@ -97,10 +105,40 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     for warning in pool_warnings(config, inventory, mode, default_is=f"--default-mode {args.default_mode}",
                                  default_fix="--default-mode dra (the chart's dra.defaultMode)"):
         print(f"nvdp dra slices: warning: {warning}", file=err)
-    slices = published_slices(mode, node=node, node_uid="", driver=args.driver, devices=devices)
+    taints = None
+    if args.health_record:
+        from nvdp.dra.taints import device_health_for, slice_taints
+
+        record = _read_record(args.health_record)
+        if isinstance(record, str):
+            return _fail(err, f"--health-record: {record}")
+        health = device_health_for(config, devices, record)
+        taints = slice_taints(health)
+        for h in health.values():
+            if h.taints:
+                marks = ", ".join(f"{t.key}{'=' + t.value if t.value else ''}:{t.effect}" for t in h.taints)
+                state = "healthy" if h.healthy else "down"
+                print(f"nvdp dra slices: {h.device} ({state}) tainted {marks}: {h.message}", file=err)
+    slices = published_slices(mode, node=node, node_uid="", driver=args.driver, devices=devices,
+                              taints=taints)
     json.dump(slices, out, indent=2)
     out.write("\n")
     return 0
+
+
+def _read_record(path: str) -> dict[str, Any] | str:
+    """The health record in `path` (a health.json), or why it cannot be used."""
+    from nvdp.health.state import VERSION
+
+    try:
+        document = json.loads(Path(path).read_text())
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror}; give the health.json of the node's healthStateDir"
+    except ValueError as e:
+        return f"{path} is not JSON ({e}); give the health.json of the node's healthStateDir"
+    if not isinstance(document, dict) or document.get("version") != VERSION:
+        return f"{path} is not a version {VERSION} health record (health.json, written by the plugin)"
+    return document
 
 
 def _fail(err: TextIO, message: str) -> int:

@@ -30,13 +30,15 @@ def pool_devices(config: Config, inventory: Inventory) -> tuple[DraDevice, ...]:
 
 
 def published_slices(mode: Mode, *, node: str, node_uid: str, driver: str, devices: Sequence[DraDevice],
-                     unhealthy: frozenset[str] = frozenset(), generation: int = 1) -> list[dict[str, Any]]:
+                     unhealthy: frozenset[str] = frozenset(), generation: int = 1,
+                     taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> list[dict[str, Any]]:
     """The ResourceSlices of the node in `mode`: none in device-plugin mode (the device plugin serves
-    the GPUs and the DRA plugin deletes its slices), else the pool's slices."""
+    the GPUs and the DRA plugin deletes its slices), else the pool's slices (`taints`: see
+    `desired_slices`)."""
     if mode != "dra":
         return []
     return desired_slices(node=node, node_uid=node_uid, driver=driver, devices=devices,
-                          unhealthy=unhealthy, generation=generation)
+                          unhealthy=unhealthy, generation=generation, taints=taints)
 
 
 def env_default_mode(env: Mapping[str, str]) -> tuple[str, str]:

@@ -14,17 +14,23 @@ the process's Recorder), once per run of failures: the callers retry, and each r
 The watch (`start_watch`) re-publishes the last desired state when someone else deletes or changes
 the slices (the kubelet deletes all of a node's slices when it starts) and after every reconnect; the
 echoes of this publisher's own writes are recognised and cost nothing.
+
+Device taints: given `taints` (`nvdp.dra.taints.slice_taints`), a down GPU stays in the pool with
+its taints instead of leaving it. An API server without the `DRADeviceTaints` gate drops the field
+without an error, so every write that carried taints is compared with what the server answered:
+taints missing there switch this publisher to leaving down devices out (today's behaviour, written
+at once), with one WARNING log line and one Warning Event `DeviceTaintsUnsupported` on the Node.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from nvdp.dra.slices import desired_slices, slice_content
+from nvdp.dra.slices import desired_slices, slice_content, slice_taints_of
 from nvdp.kube import (
     SliceEvent,
     SliceWatcher,
@@ -49,6 +55,10 @@ ATTEMPTS = 3
 MAX_GENERATION = 2**63 - 1
 # The Warning Event on the Node when the slices cannot be published.
 PUBLISH_FAILED = "ResourceSlicePublishFailed"
+# The Warning Event on the Node when the API server drops device taints (no DRADeviceTaints gate).
+TAINTS_UNSUPPORTED = "DeviceTaintsUnsupported"
+
+Taints = Mapping[str, Sequence[Mapping[str, Any]]]
 
 
 class EventSink(Protocol):
@@ -95,7 +105,8 @@ class SlicePublisher:
         self._log = log
         self._recorder = recorder
         self._lock = threading.RLock()
-        self._want: tuple[tuple[DraDevice, ...], frozenset[str]] | None = None
+        self._want: tuple[tuple[DraDevice, ...], frozenset[str], Taints | None] | None = None
+        self.taints_supported = True  # until the API server drops taints written to it
         self._node_uid: str | None = None
         self._generation = 0
         self._requests = 0
@@ -107,10 +118,12 @@ class SlicePublisher:
         self._failing = False  # the last publish failed: its Event was recorded, the next ones are not
 
     # -- the daemon's calls -------------------------------------------------------------------------
-    def publish(self, devices: Sequence[DraDevice], unhealthy: frozenset[str]) -> int:
-        """Make the slices hold `devices` less the unhealthy ones (by device or GPU UUID); the number of
-        API writes made (0 when they already do). Raises PublishError."""
-        want = (tuple(devices), frozenset(unhealthy))
+    def publish(self, devices: Sequence[DraDevice], unhealthy: frozenset[str],
+                taints: Taints | None = None) -> int:
+        """Make the slices hold `devices` less the unhealthy ones (by device or GPU UUID), or, with
+        `taints` (by device name) and an API server that keeps them, every device with its taints; the
+        number of API writes made (0 when they already do). Raises PublishError."""
+        want = (tuple(devices), frozenset(unhealthy), None if taints is None else dict(taints))
         with self._lock:
             if want == self._want and self._in_sync and self._watching():
                 return 0
@@ -189,10 +202,11 @@ class SlicePublisher:
     def _apply(self, actual: list[dict[str, Any]]) -> int:
         if self._want is None:
             return 0
-        devices, unhealthy = self._want
+        devices, unhealthy, wanted_taints = self._want
+        taints = wanted_taints if self.taints_supported else None
         node_uid = self._node_uid_once()
         desired = desired_slices(node=self.node, node_uid=node_uid, driver=self.driver, devices=devices,
-                                 unhealthy=unhealthy, generation=self._generation or 1)
+                                 unhealthy=unhealthy, generation=self._generation or 1, taints=taints)
         current = {_name(obj): obj for obj in actual}
         wanted = {_name(obj): obj for obj in desired}
         obsolete = sorted(set(current) - set(wanted))
@@ -208,8 +222,9 @@ class SlicePublisher:
         # Kept only once written: a write refused for any reason must not raise the next one's generation.
         generation = next_generation(self._generation, (_generation(obj) for obj in actual))
         desired = desired_slices(node=self.node, node_uid=node_uid, driver=self.driver, devices=devices,
-                                 unhealthy=unhealthy, generation=generation)
+                                 unhealthy=unhealthy, generation=generation, taints=taints)
         writes = 0
+        dropped = False
         # Obsolete slices go first: a pool briefly short of devices is safe, one with a device twice is not.
         for name in obsolete:
             self._delete(name)
@@ -226,10 +241,26 @@ class SlicePublisher:
             self._echo_writes.add((name, _version(done)))
             current[name] = done
             writes += 1
+            dropped = dropped or (bool(slice_taints_of(obj)) and not slice_taints_of(done))
         self._generation = generation
         self._in_sync = True
         self._known = list(current.values())
+        if dropped:
+            # The devices written with taints are in the pool untainted: take them out at once.
+            self._taints_dropped()
+            return writes + self._apply(list(current.values()))
         return writes
+
+    def _taints_dropped(self) -> None:
+        self.taints_supported = False
+        why = (f"the API server dropped the device taints written to this node's ResourceSlices (driver "
+               f"{self.driver}): its DRADeviceTaints feature gate is off, so a GPU that goes down leaves "
+               "the pool until it recovers instead of staying in it tainted; turn the gate on "
+               "(--feature-gates=DRADeviceTaints=true on kube-apiserver, kube-scheduler and "
+               "kube-controller-manager) and restart the DRA plugin to publish taints")
+        self._log.warning("%s", why[0].upper() + why[1:])
+        if self._recorder is not None:
+            self._recorder.event(TAINTS_UNSUPPORTED, why)
 
     def _list(self) -> list[dict[str, Any]]:
         return self._call("list ResourceSlices",

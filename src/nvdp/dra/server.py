@@ -33,6 +33,7 @@ from nvdp.dra.api import dra_v1_pb2_grpc as _dra_v1_grpc
 from nvdp.dra.api import dra_v1beta1_pb2_grpc as _dra_v1beta1_grpc
 from nvdp.dra.api import pluginregistration_v1_pb2_grpc as _registration_grpc
 from nvdp.dra.causes import INTERNAL, PREPARE_CAUSES, UNPREPARE_DEVICES, cause_of
+from nvdp.dra.health_service import HealthFeed, add_health_services
 from nvdp.dra.meter import PREPARE, UNPREPARE, Meter, Prepared
 from nvdp.recording import Recorder
 
@@ -273,10 +274,11 @@ class DraServer:
     def __init__(
         self, *, driver: str, plugin_dir: str, registry_dir: str, prepare: Prepare, unprepare: Unprepare,
         log: logging.Logger, on_registered: Callable[[bool, str], None], recorder: Recorder | None = None,
-        node: str = "", prepared: Prepared | None = None,
+        node: str = "", prepared: Prepared | None = None, health: HealthFeed | None = None,
     ) -> None:
         """`recorder` counts and times the kubelet's calls; `prepared` lists the claims prepared now
-        (for the prepared-devices gauge of `node`)."""
+        (for the prepared-devices gauge of `node`); `health`, when given, is served as the kubelet's
+        DRAResourceHealth service (every version) on the DRA socket."""
         self.driver = driver
         self.plugin_socket = plugin_socket_path(plugin_dir)
         self.registration_socket = registration_socket_path(registry_dir, driver)
@@ -296,6 +298,8 @@ class DraServer:
         def add_dra(server: grpc.Server) -> None:
             dra_v1_grpc.add_DRAPluginServicer_to_server(v1, server)
             dra_v1beta1_grpc.add_DRAPluginServicer_to_server(v1beta1, server)
+            if health is not None:
+                add_health_services(server, health)
 
         def add_registration(server: grpc.Server) -> None:
             registration_grpc.add_RegistrationServicer_to_server(registration, server)

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nvdp.dra.devices import DraDevice
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
+# A slice whose devices carry taints holds at most 64 (resource.k8s.io/v1
+# ResourceSliceMaxDevicesWithTaintsOrConsumesCounters); with taints on, every slice is cut at 64, so a
+# taint coming or going never moves devices between slices.
+MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
 MAX_NAME = 253  # a DNS subdomain
 # The capacity a shared device counts its claims in (`device.capacity['<driver>'].replicas` in CEL).
 REPLICAS_CAPACITY = "replicas"
@@ -41,19 +45,37 @@ def desired_slices(
     devices: Sequence[DraDevice],
     unhealthy: frozenset[str] = frozenset(),
     generation: int = 1,
+    taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Full ResourceSlice objects for the node's pool. Devices whose own or whose GPU's UUID is in
-    `unhealthy` are left out; no device at all still gives one slice (the pool exists, empty)."""
-    healthy = [d for d in devices if d.uuid not in unhealthy and d.gpu_uuid not in unhealthy]
-    chunks = [healthy[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(healthy), MAX_DEVICES_PER_SLICE)]
-    chunks = chunks or [[]]
+    """Full ResourceSlice objects for the node's pool; no device at all still gives one slice (the pool
+    exists, empty).
+
+    `taints` None (an API server without device taints): devices whose own or whose GPU's UUID is in
+    `unhealthy` are left out. Otherwise every device is published, with its taints from `taints` (by
+    device name; `nvdp.dra.taints.slice_taints`), and `unhealthy` is not used."""
+    if taints is None:
+        shown = [d for d in devices if d.uuid not in unhealthy and d.gpu_uuid not in unhealthy]
+        size = MAX_DEVICES_PER_SLICE
+    else:
+        shown, size = list(devices), MAX_DEVICES_PER_SLICE_WITH_TAINTS
+    chunks = [shown[i : i + size] for i in range(0, len(shown), size)] or [[]]
+    marks = taints or {}
     return [
-        _slice(node, node_uid, driver, i, len(chunks), generation, chunk) for i, chunk in enumerate(chunks)
+        _slice(node, node_uid, driver, i, len(chunks), generation, chunk, marks)
+        for i, chunk in enumerate(chunks)
     ]
 
 
+def slice_taints_of(obj: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """The taints each device of a slice carries, by device name (devices without any left out): to see
+    whether the API server kept what was written."""
+    devices = (obj.get("spec") or {}).get("devices") or []
+    return {str(d.get("name")): list(d.get("taints")) for d in devices if d.get("taints")}
+
+
 def _slice(
-    node: str, node_uid: str, driver: str, index: int, count: int, generation: int, devices: list[DraDevice]
+    node: str, node_uid: str, driver: str, index: int, count: int, generation: int, devices: list[DraDevice],
+    taints: Mapping[str, Sequence[Mapping[str, Any]]],
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": slice_name(node, driver, index)}
     if node_uid:
@@ -69,12 +91,12 @@ def _slice(
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
-            "devices": [_device(d) for d in devices],
+            "devices": [_device(d, taints.get(d.name, ())) for d in devices],
         },
     }
 
 
-def _device(device: DraDevice) -> dict[str, Any]:
+def _device(device: DraDevice, taints: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     attributes = {k: dict(v) for k, v in device.attributes.items()}
     out: dict[str, Any] = {"name": device.name, "attributes": attributes}
     capacity: dict[str, Any] = {k: dict(v) for k, v in device.capacity.items()}
@@ -93,6 +115,8 @@ def _device(device: DraDevice) -> dict[str, Any]:
         }
     if capacity:
         out["capacity"] = capacity
+    if taints:
+        out["taints"] = [dict(t) for t in taints]
     return out
 
 

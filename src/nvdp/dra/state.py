@@ -54,6 +54,7 @@ from nvdp.dra.rebuild import (
 )
 from nvdp.dra.server import ClaimRef, PreparedDevice, PrepareResult
 from nvdp.dra.sharing import ClaimShare, NodeSharing
+from nvdp.dra.taints import Taint, tolerated
 from nvdp.kube.claims import UnreadableClaim
 
 STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
@@ -86,10 +87,21 @@ class NodeView(Struct, frozen=True):
 
     devices: Mapping[str, DraDevice]
     unhealthy: frozenset[str] = frozenset()
+    # The taints each published device carries (nvdp.dra.taints), by name; empty while taints are not
+    # published (an API server without them): an unhealthy device is then refused to every claim.
+    taints: Mapping[str, tuple[Taint, ...]] = {}
 
     def unhealthy_device(self, name: str) -> bool:
         device = self.devices[name]
         return device.uuid in self.unhealthy or device.gpu_uuid in self.unhealthy
+
+    def refused(self, result: Allocated) -> bool:
+        """An unhealthy device is refused unless the claim tolerates every taint it is published with
+        (a diagnostics pod on the faulted GPU)."""
+        if not self.unhealthy_device(result.device):
+            return False
+        taints = self.taints.get(result.device, ())
+        return not taints or not tolerated(result.tolerations, taints)
 
 
 class ClaimPreparer:
@@ -269,10 +281,10 @@ class ClaimPreparer:
         # neither holds nor shares it: it is left out of both checks, on this claim's side and on others'.
         mine = {view.devices[r.device].gpu_uuid for r in results if not r.admin_access}
         for result in results:
-            if view.unhealthy_device(result.device):
-                raise ClaimProblem(f"{what}: device {result.device} is unhealthy; it has left this node's "
-                                   "ResourceSlice, so delete the pod to have the claim allocated elsewhere",
-                                   DEVICE_UNHEALTHY)
+            if view.refused(result):
+                raise ClaimProblem(f"{what}: device {result.device} is unhealthy and the claim does not "
+                                   "tolerate its taints; delete the pod to have the claim allocated "
+                                   "elsewhere", DEVICE_UNHEALTHY)
             if result.admin_access:
                 continue
             # A replica of a shared GPU: the scheduler gave it to several claims, each with a share ID.

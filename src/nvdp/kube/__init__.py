@@ -10,7 +10,7 @@ package sees plain dicts and strings, never client objects.
 from lightkube import Client as KubeClient
 
 from nvdp.kube.claims import get_claim, list_claims
-from nvdp.kube.connect import KubeConnectError, connect
+from nvdp.kube.connect import KubeConnectError, NoApiAccess, connect
 from nvdp.kube.errors import ApiFailure, classify, server_address
 from nvdp.kube.events import EventRecorder, record_claim_event
 from nvdp.kube.node import (
@@ -39,6 +39,7 @@ __all__ = [
     "KubeClient",
     "KubeConnectError",
     "ListWatch",
+    "NoApiAccess",
     "NodeLabels",
     "NodeWatcher",
     "SliceEvent",

@@ -30,6 +30,11 @@ class KubeConnectError(Exception):
     """No usable API-server configuration; the message names what was tried and the fix."""
 
 
+class NoApiAccess(KubeConnectError):
+    """A pod without a service account token: the install gave this daemon no API access on purpose
+    (the chart mounts the token only where a feature of the install needs the API)."""
+
+
 def connect(kubeconfig: str | os.PathLike[str] | None = None, *,
             service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> Client:
     """A client for the API server; nothing is sent until the first request.
@@ -48,7 +53,7 @@ def connect(kubeconfig: str | os.PathLike[str] | None = None, *,
                 if os.environ.get("KUBERNETES_SERVICE_HOST"):
                     # A pod whose token is not mounted (automountServiceAccountToken: false): the
                     # chart mounts it only where a feature of the install needs the API.
-                    raise KubeConnectError(
+                    raise NoApiAccess(
                         f"no Kubernetes API access: this pod has no service account token "
                         f"({service_account_dir}/token; automountServiceAccountToken is false) and no "
                         f"kubeconfig at {path}"
