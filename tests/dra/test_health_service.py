@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from nvdp.daemon.grpc_import import grpc
 from nvdp.dra.api import dra_health_v1_pb2, dra_health_v1alpha1_pb2, dra_health_v1beta1_pb2
 from nvdp.dra.devices import dra_devices
 from nvdp.dra.health_service import TIMEOUT_S, VERSIONS, HealthFeed
@@ -22,7 +23,6 @@ from nvdp.dra.taints import device_health
 from nvdp.health.ledger import Cause, Ledger, Settings
 from nvdp.health.xids import describe, xid_info
 from nvdp.inventory.profile import load_profile
-from nvdp.plugin.grpc_import import grpc
 from sim.nvml import resolve_profile
 
 DRIVER = "gpu.nvidia.com"
