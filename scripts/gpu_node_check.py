@@ -20,11 +20,13 @@ fails does not hide the others:
   mps         only with --mps and the driver's nvidia-cuda-mps-control on PATH: the MPS control
               daemon and the plugin with 4 MPS replicas, then a CUDA client (python3 + torch) run
               with the environment the plugin's Allocate gave; compute mode restored after
+  mig         only with --mig: NVML's MIG mode, GPU-instance profiles and their possible placements,
+              read only (no MIG mode change, no instance created)
   xid         only with --xid: a CUDA kernel that faults (python3 + cupy), every XID counted: the
               GPU goes Unhealthy on the driver's XID and comes back after a 3 s quiet period;
               with --nvidia-plugin BINARY, NVIDIA's plugin beside it sees the same XID
 
-    python scripts/gpu_node_check.py [--out DIR] [--mps] [--xid [--nvidia-plugin BINARY]]
+    python scripts/gpu_node_check.py [--out DIR] [--mps] [--mig] [--xid [--nvidia-plugin BINARY]]
                                      [--sim PROFILE] [--stages a,b]
 
 `--sim PROFILE` runs every stage against the stand-in NVML instead (for trying the script where
@@ -182,6 +184,61 @@ def stage_dra(ctx: Context) -> Report:
     devices = dra_devices(ctx.need_inventory())
     slices = desired_slices(node="gpu-node", node_uid="", driver="gpu.nvidia.com", devices=devices)
     return {"slices": slices}
+
+
+def stage_mig(ctx: Context) -> Report:
+    """NVML's MIG answers for each GPU, read only (no MIG mode change, no instance made): its MIG mode,
+    every GPU-instance profile it knows (slices, memory, engines) and that profile's possible
+    placements, and how many more instances of each would fit now."""
+    import ctypes
+
+    import pynvml as n
+
+    def attempt(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except n.NVMLError as err:
+            return f"NVMLError: {err}"
+
+    def placements(handle: Any, profile_id: int) -> Any:
+        count = ctypes.c_uint(0)
+        function = n._nvmlGetFunctionPointer("nvmlDeviceGetGpuInstancePossiblePlacements_v2")
+        status = function(handle, profile_id, None, ctypes.byref(count))
+        if status not in (n.NVML_SUCCESS, n.NVML_ERROR_INSUFFICIENT_SIZE):
+            return f"NVMLError: {n.NVMLError(status)}"
+        slots = (n.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+        status = function(handle, profile_id, slots, ctypes.byref(count))
+        if status != n.NVML_SUCCESS:
+            return f"NVMLError: {n.NVMLError(status)}"
+        return [[slots[i].start, slots[i].size] for i in range(count.value)]
+
+    def profiles_of(handle: Any) -> list[Report]:
+        profiles: list[Report] = []
+        for profile in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            info = attempt(partial(n.nvmlDeviceGetGpuInstanceProfileInfo, handle, profile))
+            if isinstance(info, str):
+                profiles.append({"profile": profile, "info": info})
+                continue
+            fields = {name: getattr(info, name) for name, _ in info._fields_ if name != "version"}
+            if isinstance(fields.get("name"), bytes):
+                fields["name"] = fields["name"].decode()
+            profiles.append({
+                "profile": profile, "info": fields, "placements": placements(handle, info.id),
+                "remaining": attempt(partial(n.nvmlDeviceGetGpuInstanceRemainingCapacity, handle, info.id)),
+            })
+        return profiles
+
+    n.nvmlInit()
+    try:
+        gpus = []
+        for index in range(n.nvmlDeviceGetCount()):
+            handle = n.nvmlDeviceGetHandleByIndex(index)
+            gpus.append({"index": index, "name": n.nvmlDeviceGetName(handle),
+                         "mig_mode": attempt(partial(n.nvmlDeviceGetMigMode, handle)),
+                         "profiles": profiles_of(handle)})
+        return {"gpus": gpus}
+    finally:
+        n.nvmlShutdown()
 
 
 def stage_gfd(ctx: Context) -> Report:
@@ -380,7 +437,7 @@ def stage_mps(ctx: Context) -> Report:
 STAGES: dict[str, Callable[[Context], Report]] = {
     "inventory": stage_inventory, "recheck": stage_recheck, "events": stage_events, "plan": stage_plan,
     "dra": stage_dra, "gfd": stage_gfd, "doctor": stage_doctor, "cdi": stage_cdi, "plugin": stage_plugin,
-    "recovery": stage_recovery, "mps": stage_mps, "xid": stage_xid,
+    "recovery": stage_recovery, "mps": stage_mps, "xid": stage_xid, "mig": stage_mig,
 }
 
 
@@ -553,8 +610,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="NVIDIA's nvidia-device-plugin: the xid stage runs it beside nvdp (root)")
     parser.add_argument("--sim", metavar="PROFILE", help="use the stand-in NVML with this node profile")
     parser.add_argument("--stages", help="comma-separated subset of: " + ",".join(STAGES))
+    parser.add_argument("--mig", action="store_true",
+                        help="also run the MIG stage: NVML's profiles and possible placements, read only")
     args = parser.parse_args(argv)
-    optional = {"mps": args.mps, "xid": args.xid}
+    optional = {"mps": args.mps, "xid": args.xid, "mig": args.mig}
     names = args.stages.split(",") if args.stages else [s for s in STAGES if optional.get(s, True)]
     if args.sim and SIM_ENV not in os.environ:
         return _run_on_stand_in(args.sim, argv if argv is not None else sys.argv[1:])
