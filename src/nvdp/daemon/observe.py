@@ -1,11 +1,17 @@
-"""The daemons' observability flags: --metrics-address and --health-address (off unless given)."""
+"""The daemons' observability: the flags --metrics-address and --health-address (off unless given),
+the servers they ask for, and the /metrics answer of a series registry."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from nvdp.endpoints import parse_address
+from nvdp.endpoints import HttpEndpoints, Response, Route, parse_address, start_endpoints
+
+if TYPE_CHECKING:
+    from nvdp.recording import Recorder
 
 METRICS_ADDRESS_ENV = "METRICS_ADDRESS"
 HEALTH_ADDRESS_ENV = "HEALTH_ADDRESS"
@@ -36,3 +42,31 @@ def check_addresses(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             parse_address(value)
         except ValueError as err:
             parser.error(f"--{flag.replace('_', '-')}: {err}")
+
+
+def scrape(recorder: Recorder, registry: str, before: Callable[[], None] | None = None) -> Route:
+    """/metrics: the series of `registry` in nvdp.metrics (PLUGIN, MPS_DAEMON), after `before`."""
+
+    def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        series = recorder.enable_metrics()
+        if before is not None:
+            before()
+        return Response(200, generate_latest(getattr(series, registry)), CONTENT_TYPE_LATEST)
+
+    return metrics
+
+
+def serve(metrics_address: str | None, health_address: str | None, probes: Mapping[str, Route],
+          metrics: Route, recorder: Recorder | None, log: logging.Logger, *, guard: bool = True
+          ) -> list[HttpEndpoints]:
+    """Start the servers the flags ask for (nvdp.endpoints.start_endpoints); with a metrics address,
+    `recorder` records its metrics from now on. `guard`: a server that dies ends the process
+    (nvdp.daemon.guard). OSError (a port taken) propagates with the address in it."""
+    from nvdp.daemon.guard import fatal
+
+    if metrics_address and recorder is not None:
+        recorder.enable_metrics()
+    on_death = (lambda what: fatal(log, what)) if guard else None
+    return start_endpoints(metrics_address, health_address, probes, metrics, log, on_death=on_death)

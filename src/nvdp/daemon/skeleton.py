@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING
 
 from msgspec import Struct
 
-from nvdp.daemon.api import ApiConnection
 from nvdp.daemon.errors import CannotGoOn
 from nvdp.recording import Recorder
 from nvdp.runloop import EXIT_FAILED, Inbox, Wake, Wakes, run
 
 if TYPE_CHECKING:
     from nvdp.config.model import Mode
+    from nvdp.daemon.api import ApiConnection
     from nvdp.endpoints import HttpEndpoints
     from nvdp.mode import ModeGate, NodeApi
     from nvdp.nodechoice import NodeConfigRule
@@ -107,7 +107,8 @@ class Skeleton:
         self.env = env
         self.guard = guard
         self.recorder = Recorder(owner=name)
-        self.api = ApiConnection(kubeconfig)
+        self.kubeconfig = kubeconfig
+        self._api: ApiConnection | None = None
         self.inbox: Inbox | None = None
         self.node_config: NodeConfig | None = None
         self.rule: NodeConfigRule | None = None
@@ -115,6 +116,15 @@ class Skeleton:
         self.endpoints: list[HttpEndpoints] = []
 
     # --- what every daemon uses ------------------------------------------------------------------
+
+    @property
+    def api(self) -> ApiConnection:
+        """The process's one API connection (its module loads only in a daemon that uses the API)."""
+        if self._api is None:
+            from nvdp.daemon.api import ApiConnection
+
+            self._api = ApiConnection(self.kubeconfig)
+        return self._api
 
     def report(self, reason: str, message: str, *, warning: bool = True) -> None:
         """Log, and record an Event on the Node where this daemon owns the reason."""

@@ -63,16 +63,11 @@ class Served(Protocol):
 def serve_probes(process: Served, args: argparse.Namespace, log: logging.Logger) -> list[HttpEndpoints]:
     """/healthz and /readyz on --health-address, and with /metrics on --metrics-address; a server that
     dies ends the process (nvdp.daemon.guard)."""
-    from nvdp.daemon.guard import fatal
-    from nvdp.endpoints import start_endpoints
+    from nvdp.daemon.observe import scrape, serve
 
     def metrics() -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        return Response(200, generate_latest(process.recorder.enable_metrics().PLUGIN), CONTENT_TYPE_LATEST)
+        return scrape(process.recorder, "PLUGIN")()
 
     probes: dict[str, Route] = {"/healthz": process.healthz, "/readyz": process.readyz}
-    if args.metrics_address:
-        process.recorder.enable_metrics()
-    return start_endpoints(args.metrics_address, args.health_address, probes, metrics, log,
-                           on_death=lambda what: fatal(log, what))
+    recorder = process.recorder if args.metrics_address else None
+    return serve(args.metrics_address, args.health_address, probes, metrics, recorder, log)

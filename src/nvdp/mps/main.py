@@ -30,7 +30,7 @@ from pathlib import Path
 
 from nvdp import __version__
 from nvdp.daemon.skeleton import Skeleton
-from nvdp.endpoints import HttpEndpoints, Response, parse_address, start_endpoints
+from nvdp.endpoints import HttpEndpoints, parse_address
 from nvdp.mps.host_setup import build_mount_parser, mount_shm, unmount_shm
 from nvdp.mps.paths import container_root
 from nvdp.mps.supervisor import DEFAULT_PROBE_INTERVAL_S
@@ -72,16 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve_metrics(skeleton: Skeleton, address: str | None) -> list[HttpEndpoints]:
     """The daemon's series at /metrics, recorded by the skeleton's Recorder (no probes)."""
-    if not address:
-        return []
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    from nvdp.daemon.observe import scrape, serve
 
-    series = skeleton.recorder.enable_metrics()
-
-    def scrape() -> Response:
-        return Response(200, generate_latest(series.MPS_DAEMON), CONTENT_TYPE_LATEST)
-
-    return start_endpoints(address, None, {}, scrape, log)
+    return serve(address, None, {}, scrape(skeleton.recorder, "MPS_DAEMON"), skeleton.recorder, log,
+                 guard=False)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,9 +12,9 @@ import os
 import time
 from collections.abc import Callable
 
-from nvdp.daemon.guard import fatal
+from nvdp.daemon.observe import scrape, serve
 from nvdp.daemon.probes import Check, liveness, readiness
-from nvdp.endpoints import HttpEndpoints, Response, Route, start_endpoints
+from nvdp.endpoints import HttpEndpoints, Response, Route
 from nvdp.plugin.grpc_client import server_answers
 from nvdp.plugin.state import PluginState
 from nvdp.recording import Recorder
@@ -60,14 +60,14 @@ class PluginEndpoints:
             checks.append(Check("health loop", state.health_stalled(time.monotonic())))
         return liveness(checks)
 
-    def metrics(self) -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        series = self._recorder.enable_metrics()
+    def resource_state(self) -> None:
+        """The served resources into their series, just before a scrape."""
         resources = self._state.resources()
         self._recorder.resource_state([(r.name, r.healthy, r.unhealthy) for r in resources],
                                       [r.name for r in resources if r.registered])
-        return Response(200, generate_latest(series.PLUGIN), CONTENT_TYPE_LATEST)
+
+    def metrics(self) -> Response:
+        return scrape(self._recorder, "PLUGIN", self.resource_state)()
 
 
 def start(state: PluginState, args: argparse.Namespace, log: logging.Logger,
@@ -76,8 +76,5 @@ def start(state: PluginState, args: argparse.Namespace, log: logging.Logger,
     endpoints = PluginEndpoints(state, recorder)
     probes: dict[str, Route] = {"/healthz": endpoints.healthz, "/readyz": endpoints.readyz}
     # getattr: a process built from a bare Namespace (tests, embedding) serves nothing.
-    metrics_address = getattr(args, "metrics_address", None)
-    if metrics_address:
-        recorder.enable_metrics()
-    return start_endpoints(metrics_address, getattr(args, "health_address", None), probes, endpoints.metrics,
-                           log, on_death=lambda what: fatal(log, what))
+    return serve(getattr(args, "metrics_address", None), getattr(args, "health_address", None), probes,
+                 endpoints.metrics, recorder, log)
