@@ -28,6 +28,7 @@ from nvdp import __version__
 from nvdp.config.model import Config
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import DEFAULT_DRIVER, check_driver_name
+from nvdp.dra.taints import DeviceHealth, InformationalXids, slice_taints
 from nvdp.inventory.model import Inventory
 from nvdp.plugin.errors import NvmlMissing, StartupError
 from nvdp.recording import Recorder
@@ -36,6 +37,7 @@ from nvdp.runloop import EXIT_FAILED, EXIT_USAGE, Inbox, Wake, Wakes, run
 if TYPE_CHECKING:
     from nvdp.cdi.spec import ContainerEdits
     from nvdp.dra.cdi_specs import ClaimSpecWriter
+    from nvdp.dra.health_service import HealthFeed
     from nvdp.dra.mps import ClaimMps
     from nvdp.dra.publish import SlicePublisher
     from nvdp.dra.server import DraServer
@@ -123,6 +125,12 @@ class DraProcess:
         self.server: DraServer | None = None
         self.health: HealthMonitor | None = None
         self.ledger: Ledger | None = None  # the GPUs that are down; outlives re-reads of the GPUs
+        # Each published device's health (taints and the message the kubelet shows in the pod's status),
+        # from the ledger's record; fed to the kubelet's health stream and to the slices.
+        self.device_health: Mapping[str, DeviceHealth] = {}
+        self.health_feed: HealthFeed | None = None
+        self.informational = InformationalXids()
+        self.unmonitored: set[str] = set()
         self.node_config: NodeConfig | None = None
         self.rule: NodeConfigRule | None = None
         self.endpoints: list[HttpEndpoints] = []
@@ -182,6 +190,7 @@ class DraProcess:
         with self._lock:
             self.serving = serving
             self.unhealthy = ledger.unhealthy  # GPUs that are down stay down across a re-read
+            self.device_health = self.health_of(serving, ledger)
         if self.mps is not None:  # daemons already running keep their GPUs; their claims set their limits
             self.mps.inventory = serving.inventory
         names = ", ".join(serving.devices) or "none"
@@ -205,7 +214,20 @@ class DraProcess:
 
         with self._lock:
             assert self.serving is not None
-            return NodeView(devices=self.serving.devices, unhealthy=self.unhealthy)
+            published = self.publisher is not None and self.publisher.taints_supported
+            taints = {name: h.taints for name, h in self.device_health.items()} if published else {}
+            return NodeView(devices=self.serving.devices, unhealthy=self.unhealthy, taints=taints)
+
+    def health_of(self, serving: Serving, ledger: Ledger) -> dict[str, DeviceHealth]:
+        """Each device's health from the ledger's record: the same function as `nvdp dra slices
+        --health-record` and the doctor use."""
+        from nvdp.dra.taints import device_health_for
+        from nvdp.health.settings import settings_from_config
+
+        quiet_s = settings_from_config(serving.config).after
+        return device_health_for(serving.config, list(serving.devices.values()), ledger.record(),
+                                 informational=self.informational.current(time.time(), quiet_s),
+                                 unmonitored=frozenset(self.unmonitored))
 
     # --- the API server and the kubelet -------------------------------------------------------------
 
@@ -217,13 +239,18 @@ class DraProcess:
                 if self.publisher is None or self.serving is None:
                     return
                 devices, unhealthy = list(self.serving.devices.values()), self.unhealthy
+                health = dict(self.device_health)
             if self.gate is not None and self.gate.mode != "dra":
+                if self.health_feed is not None:
+                    self.health_feed.update({})
                 self.withdraw()  # the device plugin serves this node: no slices
                 return
+            if self.health_feed is not None:
+                self.health_feed.update(health)  # the kubelet's view of each device follows at once
             if self.handover is not None:
                 return  # the device plugin still advertises: published once it has withdrawn
             try:
-                writes = self.publisher.publish(devices, unhealthy)
+                writes = self.publisher.publish(devices, unhealthy, slice_taints(health))
             except Exception as err:  # tried again from the loop, and by the watch when it reconnects
                 self.log.error("Cannot publish this node's ResourceSlices (retrying in %gs): %s",
                                REPUBLISH_AFTER_S, err)
@@ -236,12 +263,27 @@ class DraProcess:
                           sum(1 for d in devices if d.uuid in unhealthy or d.gpu_uuid in unhealthy))
 
     def on_health(self, unhealthy: frozenset[str], changes: Sequence[Change]) -> None:
-        """The health monitor's consumer: devices of GPUs that are down leave the slices, and return."""
+        """The health monitor's consumer: devices of GPUs that are down get their taints (or leave the
+        slices where the API server has no taints), and lose them when they come back. A change of
+        state without a change of the set (recovering -> needs a reset) changes taints and messages
+        too, so the health is compared, not the set."""
         with self._lock:
-            if unhealthy == self.unhealthy:
+            if self.serving is None or self.ledger is None:
                 return
-            self.unhealthy = unhealthy
+            health = self.health_of(self.serving, self.ledger)
+            if unhealthy == self.unhealthy and health == self.device_health:
+                return
+            self.unhealthy, self.device_health = unhealthy, health
         self.publish()
+
+    def on_notice(self, gpu: str, xid: int | None) -> None:
+        """An XID outside the critical set, or a GPU that cannot be watched: a `None` taint only."""
+        if xid is None:
+            self.unmonitored.add(gpu)
+        else:
+            self.informational.seen(gpu, xid, time.time())
+        if self.ledger is not None:
+            self.on_health(self.ledger.unhealthy, ())
 
     def open_ledger(self, config: Config) -> Ledger:
         from nvdp.health.settings import open_ledger
@@ -257,11 +299,13 @@ class DraProcess:
             self.health.stop()
         config = self.serving.config
         self.health = monitor_for(config, self.serving.inventory, self.open_ledger(config), self.on_health,
-                                  self.log, recorder=self.recorder, writer="nvidia-dra-plugin")
+                                  self.log, recorder=self.recorder, writer="nvidia-dra-plugin",
+                                  on_notice=self.on_notice)
         self.health.start()
 
     def start_serving(self) -> None:
         """After the first config: slices, prepared claims, the kubelet's sockets, health checks."""
+        from nvdp.dra.health_service import HealthFeed
         from nvdp.dra.publish import SlicePublisher
         from nvdp.dra.server import DraServer
         from nvdp.dra.state import ClaimPreparer
@@ -271,6 +315,7 @@ class DraProcess:
         self.client = client
         self.publisher = SlicePublisher(client, node=self.node, driver=self.driver, log=self.log,
                                         recorder=self.recorder)
+        self.health_feed = HealthFeed(pool=self.node)
         self.publish()
         self.publisher.start_watch()
         os.makedirs(self.plugin_dir, exist_ok=True)
@@ -288,7 +333,7 @@ class DraProcess:
                                 registry_dir=self.args.kubelet_registrar_dir,
                                 prepare=self.preparer.prepare, unprepare=self.preparer.unprepare,
                                 log=self.log, on_registered=self.on_registered, recorder=self.recorder,
-                                node=self.node, prepared=self.preparer.prepared)
+                                node=self.node, prepared=self.preparer.prepared, health=self.health_feed)
         self.server.start()
         self.start_health()
         self.not_serving_reason = None
@@ -383,7 +428,19 @@ class DraProcess:
         failed_at = self._publish_failed_at
         if failed_at is not None and time.monotonic() - failed_at >= REPUBLISH_AFTER_S:
             self.publish()
+        self.expire_notices()
         return None
+
+    def expire_notices(self) -> None:
+        """An informational XID's `None` taint goes after the quiet period: re-published then."""
+        from nvdp.health.settings import settings_from_config
+
+        serving, ledger = self.serving, self.ledger
+        if serving is None or ledger is None:
+            return
+        expiry = self.informational.next_expiry(settings_from_config(serving.config).after)
+        if expiry is not None and time.time() >= expiry:
+            self.on_health(ledger.unhealthy, ())
 
     # --- the node's mode (nvdp.mode) ---------------------------------------------------------------
 
@@ -481,6 +538,8 @@ class DraProcess:
             self.node_config.stop()
         if self.health is not None:
             self.health.stop(timeout=0)
+        if self.health_feed is not None:
+            self.health_feed.close()  # ends the kubelet's health streams before the server stops
         if self.server is not None:
             # Removing the registration socket deregisters the driver. The slices stay: a restarted
             # plugin takes them over unchanged, and the kubelet removes them once no plugin of this
