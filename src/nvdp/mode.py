@@ -152,9 +152,9 @@ def claim_names(pod: Mapping[str, Any]) -> list[str]:
 
 def claim_on_node(claim: Mapping[str, Any] | None, *, driver: str, node: str) -> bool:
     """Whether a claim holds a device of `driver` from this node's pool (the pool is the node's name)."""
-    allocation = ((claim or {}).get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    return any(r.get("driver") == driver and r.get("pool") == node for r in results)
+    from nvdp.claim_results import allocation_results
+
+    return any(r.get("driver") == driver and r.get("pool") == node for _, r in allocation_results(claim))
 
 
 ClaimLookup = Callable[[str, str], "Mapping[str, Any] | None"]
