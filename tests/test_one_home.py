@@ -27,6 +27,8 @@ HOMES: dict[str, tuple[str, str]] = {
     "the device plugin's CDI vendor": (r"""["']k8s\.device-plugin\.nvidia\.com["']""", "cdi/names.py"),
     "how CDI qualifies a device name": (r"def (?:qualified|kind_of)\b", "cdi/names.py"),
     "where a claim's allocation results are read": (r"""get\(["']results["']\)""", "claim_results.py"),
+    "the DRA driver's default name": (r"""["']gpu\.nvidia\.com["']""", "config/names.py"),
+    "the variable that names the DRA driver": (r"""["']DRA_DRIVER_NAME["']""", "config/names.py"),
 }
 
 

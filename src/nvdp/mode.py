@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from msgspec import Struct
 
 from nvdp.config.model import Config, Mode
+from nvdp.config.names import DEFAULT_DRA_DRIVER, DRA_DRIVER_ENV
 from nvdp.nodechoice import ConfigPending, ConfigRefused, Report
 
 if TYPE_CHECKING:
@@ -41,10 +42,8 @@ __all__ = ["Mode", "ModeGate", "ModeSwitchRefused", "node_mode"]
 
 MODES: tuple[Mode, ...] = get_args(Mode)
 DEFAULT_MODE_ENV = "NVDP_DEFAULT_MODE"
-DRIVER_ENV = "DRA_DRIVER_NAME"
-# nvdp.dra.names.DEFAULT_DRIVER (a test keeps them equal; the labeller and the MPS daemon may not
-# import the DRA plugin's modules).
-DEFAULT_DRIVER = "gpu.nvidia.com"
+DRIVER_ENV = DRA_DRIVER_ENV
+DEFAULT_DRIVER = DEFAULT_DRA_DRIVER
 RESOURCE_PREFIX = "nvidia.com/"
 DONE_PHASES = ("Succeeded", "Failed")
 # How many GPU pods a refusal names.

@@ -6,6 +6,10 @@ import re
 
 from nvdp.config.model import RESOURCE_PREFIX
 
+# The DRA driver: NVIDIA's name for it, and the variable the chart sets on every daemon beside a DRA
+# plugin (the plugin, GPU feature discovery and the MPS daemon follow the node's mode by it).
+DEFAULT_DRA_DRIVER = "gpu.nvidia.com"
+DRA_DRIVER_ENV = "DRA_DRIVER_NAME"
 MAX_RESOURCE_NAME = 63
 SHARED_SUFFIX = ".shared"
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"

@@ -26,6 +26,7 @@ from msgspec import Struct
 
 from nvdp import __version__
 from nvdp.config.model import Config
+from nvdp.config.names import DRA_DRIVER_ENV
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import DEFAULT_DRIVER, check_driver_name
 from nvdp.dra.taints import DeviceHealth, InformationalXids, slice_taints
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from nvdp.nodeconfig import Chosen, NodeConfig
     from nvdp.plugin.health import HealthMonitor
 
-DRIVER_ENV = "DRA_DRIVER_NAME"
+DRIVER_ENV = DRA_DRIVER_ENV
 PLUGINS_DIR_ENV = "KUBELET_PLUGINS_DIR"
 REGISTRAR_DIR_ENV = "KUBELET_REGISTRAR_DIR"
 CDI_ROOT_ENV = "CDI_ROOT"
