@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nvdp.config import names
 from nvdp.doctor.bounded import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def doctor_command(args: argparse.Namespace) -> int:
     from nvdp.doctor.report import as_json, as_text, healthy
 
     env: Mapping[str, str] = os.environ
-    node = getattr(args, "node_name", None) or env.get("NODE_NAME", "")
+    node = names.node_name(env, getattr(args, "node_name", None))
     labels = LabelReader(node, getattr(args, "kubeconfig", None), args.check_timeout)
     path, chosen, read = args.config_file, "", None
     try:

@@ -26,7 +26,7 @@ from msgspec import Struct
 
 from nvdp import __version__
 from nvdp.config.model import Config
-from nvdp.config.names import DRA_DRIVER_ENV
+from nvdp.config.names import DRA_DRIVER_ENV, node_name
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.names import DEFAULT_DRIVER, check_driver_name
 from nvdp.dra.taints import DeviceHealth, InformationalXids, slice_taints
@@ -114,7 +114,7 @@ class DraProcess:
         self.env = env
         self.log = log
         self.driver: str = args.driver_name
-        self.node = env.get("NODE_NAME", "")
+        self.node = node_name(env)
         self.plugin_dir = os.path.join(args.kubelet_plugins_dir, self.driver)
         self.recorder = Recorder()
         self.serving: Serving | None = None

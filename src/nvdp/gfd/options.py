@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from msgspec import Struct
 
+from nvdp.config import names
 from nvdp.config.durations import parse_duration as parse_duration  # where GFD's callers import it
 from nvdp.config.sources import ENV_VARS
 from nvdp.nodeconfig import NodeConfigSettings, add_node_config_arguments, settings_from
@@ -131,7 +132,7 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str] | None = No
     presence = ns.presence_only if ns.presence_only is not None else env.get("GFD_PRESENCE_ONLY", "false")
     return ProcessOptions(
         config_file=config_file,
-        node_name=ns.node_name or env.get("NODE_NAME", ""),
+        node_name=names.node_name(env, ns.node_name),
         namespace=ns.namespace or env.get("NAMESPACE", "") or "default",
         pod_name=ns.pod_name or env.get("POD_NAME", ""),
         kubeconfig=ns.kubeconfig or None,
