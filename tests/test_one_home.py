@@ -30,6 +30,8 @@ HOMES: dict[str, tuple[str, str]] = {
     "the DRA driver's default name": (r"""["']gpu\.nvidia\.com["']""", "config/names.py"),
     "the variable that names the DRA driver": (r"""["']DRA_DRIVER_NAME["']""", "config/names.py"),
     "the variable that names this node": (r"""["']NODE_NAME["']""", "config/names.py"),
+    "the variable that names the config file": (r"""["']CONFIG_FILE["']""", "config/sources.py"),
+    "how a chosen per-node entry replaces the config file": (r"!=\s*CONFIG_FILE_ENV\b", "config/loader.py"),
 }
 
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from nvdp import runloop
-from nvdp.config.loader import ConfigError, load_config
+from nvdp.config.loader import ConfigError, entry_in_force, load_config
 from nvdp.config.model import Config
 from nvdp.config.select import SelectionError
 from nvdp.gfd.host import read_host_facts
@@ -248,8 +248,8 @@ class ConfigLoader:
                 config = load(self.opts, self.env)
             else:
                 assert chosen is not None
-                path = str(chosen.path) if chosen.path is not None else None
-                config = load_config(path, self.env, self.opts.overrides, env_vars=GFD_ENV_VARS)
+                path, env = entry_in_force(self.opts.config_file, self.env, chosen.path, per_node=True)
+                config = load_config(path, env, self.opts.overrides, env_vars=GFD_ENV_VARS)
         except ConfigError as e:
             raise ConfigRefused(str(e)) from None
         mode = follower_mode(config, self.env)
