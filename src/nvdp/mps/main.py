@@ -75,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def start_metrics(address: str, recorder: Recorder) -> HttpEndpoints:
-    """Serve the daemon's series, recorded by `recorder`; OSError when the address cannot be bound."""
+def start_metrics(address: str, recorder: Recorder, inbox: Inbox | None = None) -> HttpEndpoints:
+    """Serve the daemon's series, recorded by `recorder`; OSError when the address cannot be bound.
+    Should the server's thread end, the daemon ends through `inbox` (its pod restarts), saying why."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     series = recorder.enable_metrics()
@@ -84,7 +85,12 @@ def start_metrics(address: str, recorder: Recorder) -> HttpEndpoints:
     def scrape() -> Response:
         return Response(200, generate_latest(series.MPS_DAEMON), CONTENT_TYPE_LATEST)
 
-    server = HttpEndpoints(address, {"/metrics": scrape}, log)
+    def died(what: str) -> None:
+        log.critical("%s stopped unexpectedly; the MPS daemon ends so that its pod restarts", what)
+        if inbox is not None:
+            inbox.post_fatal()
+
+    server = HttpEndpoints(address, {"/metrics": scrape}, log, on_death=died)
     server.start()
     return server
 
@@ -210,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.metrics_address:
             try:
-                metrics = start_metrics(args.metrics_address, recorder)
+                metrics = start_metrics(args.metrics_address, recorder, inbox)
             except OSError as err:
                 log.error("cannot listen on %s: %s; choose another --metrics-address", args.metrics_address,
                           err.strerror or err)
