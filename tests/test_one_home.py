@@ -26,6 +26,12 @@ HOMES: dict[str, tuple[str, str]] = {
     ),
     "the device plugin's CDI vendor": (r"""["']k8s\.device-plugin\.nvidia\.com["']""", "cdi/names.py"),
     "how CDI qualifies a device name": (r"def (?:qualified|kind_of)\b", "cdi/names.py"),
+    "where a claim's allocation results are read": (r"""get\(["']results["']\)""", "claim_results.py"),
+    "the DRA driver's default name": (r"""["']gpu\.nvidia\.com["']""", "config/names.py"),
+    "the variable that names the DRA driver": (r"""["']DRA_DRIVER_NAME["']""", "config/names.py"),
+    "the variable that names this node": (r"""["']NODE_NAME["']""", "config/names.py"),
+    "the variable that names the config file": (r"""["']CONFIG_FILE["']""", "config/sources.py"),
+    "how a chosen per-node entry replaces the config file": (r"!=\s*CONFIG_FILE_ENV\b", "config/loader.py"),
 }
 
 

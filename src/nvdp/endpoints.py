@@ -14,7 +14,8 @@ thread without waiting on the client. The listen backlog is the system's maximum
 The serving thread must not die quietly: a connection whose handling fails is closed and logged at
 ERROR with its traceback; anything else that ends the thread closes the listening socket (probes to
 that address are refused at once, so the kubelet restarts the pod), is logged at ERROR with its cause
-and calls `on_death` (both plugins end their process with it: nvdp.daemon.guard).
+and calls `on_death` (both plugins end their process with it, through nvdp.daemon.guard; the MPS daemon
+through its run loop).
 
 Why not a maintained server (bench/endpoints_bench.py; bench/RESULTS.md, "HTTP endpoints under load"):
 500 scrapes 100 at a time, 10 slowloris clients and malformed requests, same 2-core machine, same run.

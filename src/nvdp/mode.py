@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from msgspec import Struct
 
 from nvdp.config.model import Config, Mode
+from nvdp.config.names import DEFAULT_DRA_DRIVER, DRA_DRIVER_ENV
 from nvdp.nodechoice import ConfigPending, ConfigRefused, Report
 
 if TYPE_CHECKING:
@@ -41,10 +42,8 @@ __all__ = ["Mode", "ModeGate", "ModeSwitchRefused", "node_mode"]
 
 MODES: tuple[Mode, ...] = get_args(Mode)
 DEFAULT_MODE_ENV = "NVDP_DEFAULT_MODE"
-DRIVER_ENV = "DRA_DRIVER_NAME"
-# nvdp.dra.names.DEFAULT_DRIVER (a test keeps them equal; the labeller and the MPS daemon may not
-# import the DRA plugin's modules).
-DEFAULT_DRIVER = "gpu.nvidia.com"
+DRIVER_ENV = DRA_DRIVER_ENV
+DEFAULT_DRIVER = DEFAULT_DRA_DRIVER
 RESOURCE_PREFIX = "nvidia.com/"
 DONE_PHASES = ("Succeeded", "Failed")
 # How many GPU pods a refusal names.
@@ -152,9 +151,9 @@ def claim_names(pod: Mapping[str, Any]) -> list[str]:
 
 def claim_on_node(claim: Mapping[str, Any] | None, *, driver: str, node: str) -> bool:
     """Whether a claim holds a device of `driver` from this node's pool (the pool is the node's name)."""
-    allocation = ((claim or {}).get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    return any(r.get("driver") == driver and r.get("pool") == node for r in results)
+    from nvdp.claim_results import allocation_results
+
+    return any(r.get("driver") == driver and r.get("pool") == node for _, r in allocation_results(claim))
 
 
 ClaimLookup = Callable[[str, str], "Mapping[str, Any] | None"]

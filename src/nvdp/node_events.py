@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
-# The Node this process runs on (the chart sets it from the downward API, spec.nodeName).
-NODE_NAME_ENV = "NODE_NAME"
+from nvdp.config import names
+
 # Where a pod's service account token is mounted (nvdp.kube.connect reads it there too).
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 COMPONENT = "nvidia-device-plugin"
@@ -112,7 +112,7 @@ class NodeEvents:
                  node_name: str | None = None, kubeconfig: str | None = None) -> NodeEvents | None:
         """Events on the Node (`node_name`, else NODE_NAME) through the pod's service account, or
         `kubeconfig` (else KUBECONFIG); None without access."""
-        node = node_name or env.get(NODE_NAME_ENV, "")
+        node = names.node_name(env, node_name)
         if not node:
             log.info("Node events off: NODE_NAME is not set (the log has every event)")
             return None

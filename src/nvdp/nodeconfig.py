@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
 
+from nvdp.config import names
 from nvdp.config.entries import directory_fingerprint, entry_path, fingerprint, list_entries
 from nvdp.config.select import (
     DEFAULT_FALLBACKS,
@@ -68,7 +69,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> NodeConfi
         return None
     return NodeConfigSettings(
         config_dir=Path(config_dir),
-        node_name=getattr(args, "node_name", None) or env.get("NODE_NAME") or None,
+        node_name=names.node_name(env, getattr(args, "node_name", None)) or None,
         default=getattr(args, "default_config", None) or env.get("DEFAULT_CONFIG") or None,
         fallbacks=parse_fallbacks(getattr(args, "fallback_strategies", None)
                                   or env.get("FALLBACK_STRATEGIES")),

@@ -307,7 +307,14 @@ def test_a_label_switches_the_node_between_the_apis_never_both(node: Node) -> No
         assert "Traceback" not in daemon.log, daemon.log
 
 
-def test_in_dra_mode_a_gpu_that_goes_down_leaves_the_slice_and_comes_back(node: Node, tmp_path: Path) -> None:
+def device_taints(node: Node) -> dict[str, list[dict[str, Any]]]:
+    """Each device of the node's slices and its taints, as the API server holds them."""
+    out = node.plane.kubectl("get", "resourceslices", "-o", "json").stdout
+    return {d["name"]: d.get("taints") or [] for s in json.loads(out)["items"]
+            if s["spec"].get("nodeName") == node.name for d in s["spec"].get("devices") or []}
+
+
+def test_in_dra_mode_a_gpu_that_goes_down_is_tainted_and_comes_back(node: Node, tmp_path: Path) -> None:
     from nvdp.inventory.profile import load_profile
     from sim.nvml import inject_xid, resolve_profile
 
@@ -318,12 +325,17 @@ def test_in_dra_mode_a_gpu_that_goes_down_leaves_the_slice_and_comes_back(node: 
     node.dra.wait_for("Health checks:")
     start = time.monotonic()
     inject_xid(tmp_path / "nvml", uuid, 94)
-    node.wait("gpu-0 to leave the slice", lambda: node.advertised() == (0, 0))
+    # The device stays in the slice with NVIDIA's XID taint and nvdp's recovery state (the API server
+    # has device taints on): the scheduler keeps claims off it, `kubectl get resourceslice` says why.
+    node.wait("gpu-0's XID taint", lambda: {(t["key"], t.get("value"), t["effect"])
+                                            for t in device_taints(node).get("gpu-0", [])} >= {
+        ("gpu.nvidia.com/xid", "94", "NoSchedule"), ("gpu.nvidia.com/recovery", "recovering", "NoSchedule")})
     node.dra.wait_for(f"{uuid}: XID 94 (contained ECC error); it comes back by itself after 1s")
     record_file = tmp_path / "health" / "health.json"
     node.wait("the health record", lambda: record_file.exists() and uuid in record_file.read_text())
     assert json.loads(record_file.read_text())["writer"] == "nvidia-dra-plugin"
-    node.wait("gpu-0 back in the slice", lambda: in_dra_mode(node))
+    node.wait("gpu-0's taints removed", lambda: device_taints(node).get("gpu-0") == [])
+    assert in_dra_mode(node)
     node.wait("a GPUHealthy Event", lambda: bool(node.events("GPUHealthy")))
     (event,) = node.events("GPUHealthy")
     assert event["source"]["component"] == "nvidia-dra-plugin", event

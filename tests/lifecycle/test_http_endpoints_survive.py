@@ -263,3 +263,23 @@ def test_the_dra_plugin_ends_when_its_http_server_dies(monkeypatch: pytest.Monke
             served.stop()
     assert ("The HTTP server on 127.0.0.1:0 stopped unexpectedly; the plugin cannot go on without it"
             in caplog.messages)
+
+
+def test_the_mps_daemon_ends_when_its_metrics_server_dies(monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    from nvdp.daemon.skeleton import Skeleton
+    from nvdp.mps.main import serve_metrics
+    from nvdp.runloop import Inbox, Wake
+
+    monkeypatch.setattr(selectors, "DefaultSelector", Breaking)
+    skeleton = Skeleton("mps-control-daemon", LOG, {}, guard=False)
+    inbox = skeleton.inbox = Inbox()
+    served = serve_metrics(skeleton, "127.0.0.1:0")
+    try:
+        assert Wake.FATAL in inbox.wait(HANG_S)  # the daemon's loop ends the process (exit 1)
+    finally:
+        for server in served:
+            server.stop()
+        inbox.close()
+    assert ("The HTTP server on 127.0.0.1:0 stopped unexpectedly; the MPS daemon ends so that its pod "
+            "restarts" in caplog.messages)

@@ -45,7 +45,11 @@ def test_device_plugin_mode_shows_the_replica_ceiling_as_enforced(mps_root: Path
     daemon.start()
     try:
         assert wait_for(daemon.paths.ready_marker.exists)
-        (finding,) = Checks({"MPS_CONTAINER_ROOT": str(mps_root)}, mps_config(10), node).mps()
+        # The kubelet folders point into the test's own root: a DRA plugin registered on this machine
+        # (the end-to-end suite's) must not make this node look like a DRA node.
+        env = {"MPS_CONTAINER_ROOT": str(mps_root), "KUBELET_REGISTRAR_DIR": str(mps_root / "registry"),
+               "KUBELET_PLUGINS_DIR": str(mps_root / "plugins")}
+        (finding,) = Checks(env, mps_config(10), node).mps()
     finally:
         daemon.stop()
     assert finding.status == "PASS", finding

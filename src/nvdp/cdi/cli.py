@@ -106,8 +106,9 @@ def load(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
     and NVML are read where the spec says they are."""
     from nvdp.config.flags import overrides_from_args
     from nvdp.config.loader import ConfigError, load_config
+    from nvdp.config.sources import CONFIG_FILE_ENV
 
-    path = args.config or env.get("CONFIG_FILE") or None
+    path = args.config or env.get(CONFIG_FILE_ENV) or None
     if args.config and not Path(args.config).is_file():
         raise GenerateError(f"--config {args.config}: no such file; pass the plugin's config file (in the "
                             "plugin pod the file CONFIG_FILE names, or /available-configs/<entry>)")

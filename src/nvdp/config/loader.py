@@ -24,6 +24,16 @@ from nvdp.config.validate import Locate, schema_issues
 __all__ = ["ENV_VARS", "ConfigError", "ConfigIssue", "config_to_document", "load_config", "load_config_text"]
 
 
+def entry_in_force(config_file: str | None, env: Mapping[str, str], entry: os.PathLike[str] | None, *,
+                   per_node: bool) -> tuple[str | None, Mapping[str, str]]:
+    """The file and environment a daemon loads its config from. With per-node config the chosen entry
+    (None: no file) replaces --config-file and CONFIG_FILE, which name the ConfigMap's default file
+    that the entry was chosen instead of; without it, both stay as given."""
+    if not per_node:
+        return config_file, env
+    return (str(entry) if entry is not None else None), {k: v for k, v in env.items() if k != CONFIG_FILE_ENV}
+
+
 def load_config(
     path: str | None = None,
     env: Mapping[str, str] | None = None,

@@ -37,6 +37,9 @@ WANTED_EVENTS = EVENT_XID_CRITICAL | EVENT_DOUBLE_BIT_ECC | EVENT_SINGLE_BIT_ECC
 
 # The consumer gets every UUID that is down now, and what changed.
 OnHealth = Callable[[frozenset[str], Sequence[Change]], None]
+# What the monitor saw that takes no GPU down: (GPU UUID, XID) for an XID outside the critical set,
+# (GPU UUID, None) for a GPU whose events cannot be watched. The DRA plugin shows both as `None` taints.
+OnNotice = Callable[[str, int | None], None]
 RECHECK_EVERY_S = 1.0
 
 
@@ -58,12 +61,13 @@ def event_targets(inventory: Inventory, gpu_uuid: str, gi_id: int, ci_id: int) -
 
 
 def monitor_for(config: Config, inventory: Inventory, ledger: Ledger, on_health: OnHealth,
-                log: logging.Logger, *, recorder: Recorder, writer: str) -> HealthMonitor:
+                log: logging.Logger, *, recorder: Recorder, writer: str,
+                on_notice: OnNotice | None = None) -> HealthMonitor:
     """The monitor a daemon runs for `config`: its XID policy, and its record in healthStateDir."""
     from nvdp.health.xid_policy import policy_from_config
 
     return HealthMonitor(inventory, policy_from_config(config), ledger, on_health, log, recorder=recorder,
-                         state_dir=config.flags.plugin.health_state_dir, writer=writer)
+                         state_dir=config.flags.plugin.health_state_dir, writer=writer, on_notice=on_notice)
 
 
 class HealthMonitor:
@@ -89,6 +93,7 @@ class HealthMonitor:
         state_dir: str = "",
         writer: str = "nvidia-device-plugin",
         clock: Callable[[], float] = time.time,
+        on_notice: OnNotice | None = None,
     ) -> None:
         self._inventory = inventory
         self._policy = policy
@@ -101,6 +106,7 @@ class HealthMonitor:
         self._state_dir = state_dir
         self._writer = writer
         self._clock = clock
+        self._on_notice = on_notice
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._event_set: Any = None
@@ -187,6 +193,8 @@ class HealthMonitor:
         except nvml.NVMLError as err:
             if _code(err) == nvml.NVML_ERROR_NOT_SUPPORTED:
                 self._log.info("GPU %d (%s) is too old for health checks; skipping it", gpu.index, gpu.uuid)
+                if self._on_notice is not None:
+                    self._on_notice(gpu.uuid, None)
                 return ""
             return f"cannot register for health events ({err})"
         self._handles[handle_address(handle)] = gpu.uuid
@@ -245,6 +253,8 @@ class HealthMonitor:
         if not self._policy.is_critical(xid):
             self._recorder.xid(gpu_uuid or "unknown", xid, "ignored")
             self._log.info("Ignoring XID %d (not critical under the current health check settings)", xid)
+            if self._on_notice is not None and gpu_uuid:
+                self._on_notice(gpu_uuid, xid)
             return
         # Counted before the devices are marked: whoever sees a device Unhealthy (the kubelet, a
         # metrics scrape) finds its XID already counted.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from nvdp.config.model import Config
-    from nvdp.daemon.health import HealthMonitor
+    from nvdp.daemon.health import HealthMonitor, OnNotice
     from nvdp.health.ledger import Change, Ledger
     from nvdp.inventory.model import Inventory
     from nvdp.recording import Recorder
@@ -36,13 +36,15 @@ class HealthWatch:
         self.ledger = open_ledger(config, self._log, self.ledger)
         return self.ledger
 
-    def start(self, config: Config, inventory: Inventory, on_health: OnHealth) -> None:
-        """Follow `inventory`'s GPUs under `config` (a monitor already running is stopped first)."""
+    def start(self, config: Config, inventory: Inventory, on_health: OnHealth,
+              on_notice: OnNotice | None = None) -> None:
+        """Follow `inventory`'s GPUs under `config` (a monitor already running is stopped first);
+        `on_notice`: what the monitor sees that takes no GPU down (nvdp.daemon.health.OnNotice)."""
         from nvdp.daemon.health import monitor_for
 
         self.stop()
         self.monitor = monitor_for(config, inventory, self.open_ledger(config), on_health, self._log,
-                                   recorder=self._recorder, writer=self._writer)
+                                   recorder=self._recorder, writer=self._writer, on_notice=on_notice)
         self.monitor.start()
 
     def stop(self, timeout: float | None = None) -> None:

@@ -20,13 +20,10 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str], entry: Path | 
     """The config from flags, env and a file: `entry` in per-node mode (never CONFIG_FILE), else
     CONFIG_FILE."""
     from nvdp.config.flags import overrides_from_args
-    from nvdp.config.loader import ConfigError
+    from nvdp.config.loader import ConfigError, entry_in_force
     from nvdp.config.loader import load_config as load
 
-    path = args.config_file
-    if per_node:
-        path = str(entry) if entry is not None else None
-        env = {k: v for k, v in env.items() if k != "CONFIG_FILE"}
+    path, env = entry_in_force(args.config_file, env, entry, per_node=per_node)
     try:
         return load(path, env, overrides_from_args(args))
     except ConfigError as err:

@@ -59,14 +59,18 @@ def scrape(recorder: Recorder, registry: str, before: Callable[[], None] | None 
 
 
 def serve(metrics_address: str | None, health_address: str | None, probes: Mapping[str, Route],
-          metrics: Route, recorder: Recorder | None, log: logging.Logger, *, guard: bool = True
-          ) -> list[HttpEndpoints]:
+          metrics: Route, recorder: Recorder | None, log: logging.Logger, *,
+          on_death: Callable[[str], None] | None = None) -> list[HttpEndpoints]:
     """Start the servers the flags ask for (nvdp.endpoints.start_endpoints); with a metrics address,
-    `recorder` records its metrics from now on. `guard`: a server that dies ends the process
-    (nvdp.daemon.guard). OSError (a port taken) propagates with the address in it."""
+    `recorder` records its metrics from now on. A server that dies ends the process: through
+    `on_death`, else as a dead guarded thread does (nvdp.daemon.guard). OSError (a port taken)
+    propagates with the address in it."""
     from nvdp.daemon.guard import fatal
 
     if metrics_address and recorder is not None:
         recorder.enable_metrics()
-    on_death = (lambda what: fatal(log, what)) if guard else None
+    if on_death is None:
+        def on_death(what: str) -> None:
+            fatal(log, what)
+
     return start_endpoints(metrics_address, health_address, probes, metrics, log, on_death=on_death)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nvdp.config import names
 from nvdp.doctor.bounded import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -111,20 +112,20 @@ def choose_entry(
 def doctor_command(args: argparse.Namespace) -> int:
     from nvdp.config.flags import overrides_from_args
     from nvdp.config.issues import ConfigError
-    from nvdp.config.loader import load_config
+    from nvdp.config.loader import entry_in_force, load_config
     from nvdp.config.select import SelectionError
     from nvdp.doctor.checks import Doctor, Where, detect_context
     from nvdp.doctor.report import as_json, as_text, healthy
 
     env: Mapping[str, str] = os.environ
-    node = getattr(args, "node_name", None) or env.get("NODE_NAME", "")
+    node = names.node_name(env, getattr(args, "node_name", None))
     labels = LabelReader(node, getattr(args, "kubeconfig", None), args.check_timeout)
     path, chosen, read = args.config_file, "", None
     try:
         per_node = choose_entry(args, env, labels)
         if per_node is not None:
-            path, chosen, read = per_node
-            env = {k: v for k, v in env.items() if k != "CONFIG_FILE"}  # as the plugin does in this mode
+            entry, chosen, read = per_node
+            path, env = entry_in_force(path, env, Path(entry) if entry else None, per_node=True)
         config, error = load_config(path, env, overrides_from_args(args)), None
     except ConfigError as err:
         config, error = None, str(err)

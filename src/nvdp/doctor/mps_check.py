@@ -66,12 +66,13 @@ class MpsChecks:
 
     def _dra_mps_limits(self) -> list[Finding]:
         """One finding per MPS daemon the DRA plugin runs: its ceiling and each claim's limits."""
+        from nvdp.config.names import DRA_DRIVER_ENV
         from nvdp.dra.mps_limits import LIMITS_FILE, describe_ceiling, enforcement, read_limits
         from nvdp.dra.names import DEFAULT_DRIVER
         from nvdp.mps.paths import STATUS_FILE, container_root
         from nvdp.mps.status import read_status
 
-        driver = self.where.env.get("DRA_DRIVER_NAME") or DEFAULT_DRIVER
+        driver = self.where.env.get(DRA_DRIVER_ENV) or DEFAULT_DRIVER
         base = container_root(self.where.env) / driver
         try:
             files = sorted(base.glob(f"*/{LIMITS_FILE}"))

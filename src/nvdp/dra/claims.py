@@ -13,6 +13,7 @@ from typing import Any
 
 from msgspec import Struct
 
+from nvdp.claim_results import allocation_results
 from nvdp.dra.causes import CLAIM_NOT_FOUND, INVALID_CLAIM
 from nvdp.dra.taints import Toleration, tolerations_of
 
@@ -47,11 +48,8 @@ def describe(namespace: str, name: str, uid: str) -> str:
 def our_results(claim: Mapping[str, Any], driver: str) -> tuple[Allocated, ...]:
     """The allocation results naming `driver`, in the order the scheduler wrote them; a claim can mix
     drivers, and the others' results are theirs to prepare."""
-    status = claim.get("status") or {}
-    allocation = status.get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
     found = []
-    for result in results:
+    for _, result in allocation_results(claim):
         if result.get("driver") != driver:
             continue
         found.append(Allocated(

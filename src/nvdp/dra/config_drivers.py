@@ -15,9 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from nvdp.config.names import DEFAULT_DRA_DRIVER
+
 # Real DRA drivers: a config naming one of them is that driver's, however close its name is to this
 # driver's (NVIDIA's ComputeDomain driver runs beside the GPU driver on the same claims' nodes).
-KNOWN_DRIVERS = frozenset({"gpu.nvidia.com", "compute-domain.nvidia.com"})
+KNOWN_DRIVERS = frozenset({DEFAULT_DRA_DRIVER, "compute-domain.nvidia.com"})
 # Names that no DRA driver has but that are mistaken for the GPU driver's: the API group of its
 # parameters (resource.nvidia.com/v1beta1) and NVIDIA's domain.
 MISTAKEN_NAMES = frozenset({"resource.nvidia.com", "nvidia.com"})

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Struct
 
+from nvdp.claim_results import allocation_results, result_field
 from nvdp.dra.devices import MIB, DraDevice
 from nvdp.dra.quantity import QuantityError, quantity_value
 
@@ -266,19 +267,15 @@ def _memory(device: DraDevice) -> int | None:
 
 
 def _results(claim: Mapping[str, Any], driver: str, devices: Mapping[str, DraDevice]) -> list[_Result]:
-    allocation = _object((claim.get("status") or {}).get("allocation"), "status.allocation")
-    listed = _list(_object(allocation.get("devices"), "status.allocation.devices").get("results"),
-                   "status.allocation.devices.results")
     found: list[_Result] = []
-    for i, raw in enumerate(listed):
-        result = _object(raw, f"status.allocation.devices.results[{i}]")
+    for i, result in allocation_results(claim):
         if result.get("driver") != driver:
             continue
         name = result.get("device")
         device = devices.get(name) if isinstance(name, str) else None
         if device is None:
-            raise SharingProblem(f"status.allocation.devices.results[{i}].device: {name!r} is not a device "
-                                 "of this node; the claim must be allocated again from this node's slice")
+            raise SharingProblem(f"{result_field(i, 'device')}: {name!r} is not a device of this node; the "
+                                 "claim must be allocated again from this node's slice")
         found.append(_Result(index=len(found), request=str(result.get("request", "")), device=device))
     return found
 

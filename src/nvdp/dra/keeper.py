@@ -1,7 +1,9 @@
 """This node's ResourceSlices as the mode and health in force want them, from any thread.
 
-In "dra" mode the devices are published (the unhealthy ones left out), once the device plugin has let
-go of the GPUs; in "device-plugin" mode the node's slices are deleted, once. A publish or delete that
+In "dra" mode the devices are published (a down GPU's devices with their taints, or left out where the
+API server has no taints), once the device plugin has let go of the GPUs, and each device's health
+goes to the kubelet's health stream at once; in "device-plugin" mode the node's slices are deleted,
+once, and the stream reports no device. A publish or delete that
 fails (API server away, a conflict that kept coming back) is tried again from the loop every
 REPUBLISH_AFTER_S; the slice watch also re-publishes when it reconnects.
 """
@@ -11,19 +13,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from nvdp.config.model import Mode
 from nvdp.dra.devices import DraDevice
+from nvdp.dra.taints import DeviceHealth, slice_taints
 
 if TYPE_CHECKING:
+    from nvdp.dra.health_service import HealthFeed
     from nvdp.dra.publish import SlicePublisher
 
 REPUBLISH_AFTER_S = 10.0
 
-# The devices in force and the unhealthy UUIDs, read under the daemon's lock; None before a config.
-Wanted = Callable[[], "tuple[Sequence[DraDevice], frozenset[str]] | None"]
+# The devices in force, the unhealthy UUIDs and each device's health, read under the daemon's lock;
+# None before a config.
+Wanted = Callable[[], "tuple[Sequence[DraDevice], frozenset[str], Mapping[str, DeviceHealth]] | None"]
 
 
 class SliceKeeper:
@@ -37,6 +42,7 @@ class SliceKeeper:
         self._waiting = waiting
         self._log = log
         self.publisher: SlicePublisher | None = None
+        self.feed: HealthFeed | None = None  # the kubelet's health stream (DRAResourceHealth)
         self._publishing = threading.Lock()
         self._failed_at: float | None = None
         self.withdrawn = False  # in "device-plugin" mode: this node's slices are deleted
@@ -48,15 +54,19 @@ class SliceKeeper:
             wanted = self._wanted()
             if self.publisher is None or wanted is None:
                 return
-            devices, unhealthy = list(wanted[0]), wanted[1]
+            devices, unhealthy, health = list(wanted[0]), wanted[1], dict(wanted[2])
             mode = self._mode()
             if mode is not None and mode != "dra":
+                if self.feed is not None:
+                    self.feed.update({})
                 self.withdraw()  # the device plugin serves this node: no slices
                 return
+            if self.feed is not None:
+                self.feed.update(health)  # the kubelet's view of each device follows at once
             if self._waiting():
                 return  # the device plugin still advertises: published once it has withdrawn
             try:
-                writes = self.publisher.publish(devices, unhealthy)
+                writes = self.publisher.publish(devices, unhealthy, slice_taints(health))
             except Exception as err:  # tried again from the loop, and by the watch when it reconnects
                 self._log.error("Cannot publish this node's ResourceSlices (retrying in %gs): %s",
                                 REPUBLISH_AFTER_S, err)

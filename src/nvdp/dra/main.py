@@ -20,12 +20,13 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from nvdp import __version__
+from nvdp.config.names import DRA_DRIVER_ENV, node_name
 from nvdp.daemon.skeleton import Events, Skeleton
 from nvdp.dra.names import DEFAULT_DRIVER, check_driver_name
 from nvdp.runloop import EXIT_USAGE
 
 NAME = "nvidia-dra-plugin"
-DRIVER_ENV = "DRA_DRIVER_NAME"
+DRIVER_ENV = DRA_DRIVER_ENV
 PLUGINS_DIR_ENV = "KUBELET_PLUGINS_DIR"
 REGISTRAR_DIR_ENV = "KUBELET_REGISTRAR_DIR"
 CDI_ROOT_ENV = "CDI_ROOT"
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str], log: logging.Logger) -
     from nvdp.dra.work import DraWork
     from nvdp.nodeconfig import settings_from
 
-    problem = check_start(args.driver_name, env.get("NODE_NAME", ""))
+    problem = check_start(args.driver_name, node_name(env))
     if problem is not None:
         log.error("%s", problem)
         return EXIT_USAGE

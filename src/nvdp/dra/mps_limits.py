@@ -14,8 +14,6 @@ for `nvdp doctor`.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import msgspec
 from msgspec import Struct
 
 from nvdp.mps.commands import Ceiling
+from nvdp.mps.status import read_small, replace_file
 
 LIMITS_FILE = "limits.json"
 MAX_BYTES = 256 * 1024
@@ -93,25 +92,14 @@ class DaemonLimits(Struct, frozen=True):
 def write_limits(path: Path, gpus: Sequence[str], ceiling: Ceiling,
                  claims: Mapping[str, ClaimLimits]) -> None:
     """Replace the file atomically; OSError when the MPS root cannot be written."""
-    body = msgspec.json.encode(DaemonLimits(gpus=tuple(gpus), ceiling=ceiling, claims=dict(claims)))
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    try:
-        temporary.write_bytes(body + b"\n")
-        os.replace(temporary, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        raise
+    replace_file(path, msgspec.json.encode(DaemonLimits(gpus=tuple(gpus), ceiling=ceiling,
+                                                       claims=dict(claims))) + b"\n")
 
 
 def read_limits(path: Path) -> DaemonLimits | None:
     """The file's limits; None when there is none or it is not one (a half-written or foreign file)."""
-    try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_BYTES + 1)
-    except OSError:
-        return None
-    if len(raw) > MAX_BYTES:
+    raw = read_small(path, MAX_BYTES)
+    if raw is None:
         return None
     try:
         found = msgspec.json.decode(raw, type=DaemonLimits)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 
+from nvdp.config.names import DEFAULT_DRA_DRIVER
 from nvdp.inventory.model import Gpu, MigDevice
 
-DEFAULT_DRIVER = "gpu.nvidia.com"
+DEFAULT_DRIVER = DEFAULT_DRA_DRIVER
 MAX_DRIVER_NAME = 26
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _NOT_RFC1123 = re.compile(r"[^a-z0-9.-]")

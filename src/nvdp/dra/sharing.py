@@ -20,6 +20,7 @@ import msgspec
 from msgspec import Struct
 
 from nvdp.cdi.spec import ContainerEdits, Mount
+from nvdp.claim_results import allocation_results, result_field
 from nvdp.dra.causes import INVALID_CONFIG, SHARING_SETUP
 from nvdp.dra.claim_events import CONFIG_DRIVER_MISMATCH
 from nvdp.dra.claims import ClaimProblem
@@ -69,11 +70,9 @@ def consumed_capacity(claim: Mapping[str, Any], driver: str) -> dict[str, dict[s
     """The capacity the scheduler allocated the claim from each device of `driver` (consumable
     capacity: `consumedCapacity` in its allocation results), by device name; summed over the results
     naming one device. ClaimProblem naming the field when a value is not a quantity."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
     found: dict[str, dict[str, int]] = {}
-    for i, result in enumerate(results):
-        consumed = result.get("consumedCapacity") if isinstance(result, Mapping) else None
+    for i, result in allocation_results(claim):
+        consumed = result.get("consumedCapacity")
         if not isinstance(consumed, Mapping) or result.get("driver") != driver:
             continue
         device = found.setdefault(str(result.get("device", "")), {})
@@ -81,7 +80,7 @@ def consumed_capacity(claim: Mapping[str, Any], driver: str) -> dict[str, dict[s
             try:
                 amount = quantity_value(value)
             except (QuantityError, TypeError) as err:
-                raise ClaimProblem(f"status.allocation.devices.results[{i}].consumedCapacity.{name}: "
+                raise ClaimProblem(f"{result_field(i, 'consumedCapacity')}.{name}: "
                                    f"{err}; the claim must be allocated again") from None
             device[str(name)] = device.get(str(name), 0) + amount
     return found

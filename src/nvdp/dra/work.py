@@ -12,10 +12,11 @@ import argparse
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nvdp.config.model import Config, Mode
+from nvdp.config.names import node_name
 from nvdp.daemon.errors import NvmlMissing, StartupError
 from nvdp.daemon.handover import ModeHandover
 from nvdp.daemon.healthwatch import HealthWatch
@@ -24,6 +25,7 @@ from nvdp.dra import probes
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.keeper import SliceKeeper
 from nvdp.dra.serving import Serving, prepare
+from nvdp.dra.taints import DeviceHealth, InformationalXids
 from nvdp.runloop import EXIT_FAILED, Wakes
 
 if TYPE_CHECKING:
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from nvdp.dra.sharing import NodeSharing
     from nvdp.dra.state import ClaimPreparer, NodeView
     from nvdp.endpoints import Response
-    from nvdp.health.ledger import Change
+    from nvdp.health.ledger import Change, Ledger
     from nvdp.mode import NodeApi
     from nvdp.nodeconfig import Chosen
 
@@ -58,7 +60,7 @@ class DraWork(DaemonWork):
         self.args = args
         self.env = skeleton.env
         self.driver: str = args.driver_name
-        self.node = self.env.get("NODE_NAME", "")
+        self.node = node_name(self.env)
         self.plugin_dir = os.path.join(args.kubelet_plugins_dir, self.driver)
         self.serving: Serving | None = None
         self.unhealthy: frozenset[str] = frozenset()
@@ -66,6 +68,11 @@ class DraWork(DaemonWork):
         self.mps: ClaimMps | None = None
         self.server: DraServer | None = None
         self.health = HealthWatch(self.log, self.recorder, "nvidia-dra-plugin")
+        # Each published device's health (taints and the message the kubelet shows in the pod's status),
+        # from the ledger's record; fed to the kubelet's health stream and to the slices.
+        self.device_health: Mapping[str, DeviceHealth] = {}
+        self.informational = InformationalXids()
+        self.unmonitored: set[str] = set()
         self.not_serving_reason: str | None = "starting"
         self._lock = threading.Lock()  # the serving state, shared with the health and gRPC threads
         # The node's mode (nvdp.mode): slices only in "dra" mode, once the device plugin has withdrawn.
@@ -108,6 +115,7 @@ class DraWork(DaemonWork):
         with self._lock:
             self.serving = serving
             self.unhealthy = ledger.unhealthy  # GPUs that are down stay down across a re-read
+            self.device_health = self.health_of(serving, ledger)
         if self.mps is not None:  # daemons already running keep their GPUs; their claims set their limits
             self.mps.inventory = serving.inventory
         names = ", ".join(serving.devices) or "none"
@@ -128,18 +136,32 @@ class DraWork(DaemonWork):
         self.recorder.config_applied(serving.config.source, f"devices {names}", True, time.time(),
                                      notify=self.skeleton.node_config is None)
 
-    def wanted(self) -> tuple[Sequence[DraDevice], frozenset[str]] | None:
+    def wanted(self) -> tuple[Sequence[DraDevice], frozenset[str], Mapping[str, DeviceHealth]] | None:
         with self._lock:
             if self.serving is None:
                 return None
-            return list(self.serving.devices.values()), self.unhealthy
+            return list(self.serving.devices.values()), self.unhealthy, dict(self.device_health)
 
     def view(self) -> NodeView:
         from nvdp.dra.state import NodeView
 
         with self._lock:
             assert self.serving is not None
-            return NodeView(devices=self.serving.devices, unhealthy=self.unhealthy)
+            publisher = self.slices.publisher
+            published = publisher is not None and publisher.taints_supported
+            taints = {name: h.taints for name, h in self.device_health.items()} if published else {}
+            return NodeView(devices=self.serving.devices, unhealthy=self.unhealthy, taints=taints)
+
+    def health_of(self, serving: Serving, ledger: Ledger) -> dict[str, DeviceHealth]:
+        """Each device's health from the ledger's record: the same function as `nvdp dra slices
+        --health-record` and the doctor use."""
+        from nvdp.dra.taints import device_health_for
+        from nvdp.health.settings import settings_from_config
+
+        quiet_s = settings_from_config(serving.config).after
+        return device_health_for(serving.config, list(serving.devices.values()), ledger.record(),
+                                 informational=self.informational.current(time.time(), quiet_s),
+                                 unmonitored=frozenset(self.unmonitored))
 
     # --- the node's mode (nvdp.mode) -------------------------------------------------------------
 
@@ -179,6 +201,7 @@ class DraWork(DaemonWork):
     def begin(self) -> int | None:
         """After the first config: slices, prepared claims, the kubelet's sockets, health checks."""
         from nvdp.dra.cdi_specs import CurrentSpecs
+        from nvdp.dra.health_service import HealthFeed
         from nvdp.dra.publish import SlicePublisher
         from nvdp.dra.server import DraServer
         from nvdp.dra.state import ClaimPreparer
@@ -187,6 +210,7 @@ class DraWork(DaemonWork):
         client = self.skeleton.api.client()
         self.slices.publisher = SlicePublisher(client, node=self.node, driver=self.driver, log=self.log,
                                                recorder=self.recorder)
+        self.slices.feed = HealthFeed(pool=self.node)
         self.slices.publish()
         self.slices.publisher.start_watch()
         os.makedirs(self.plugin_dir, exist_ok=True)
@@ -203,7 +227,7 @@ class DraWork(DaemonWork):
                                 registry_dir=self.args.kubelet_registrar_dir,
                                 prepare=self.preparer.prepare, unprepare=self.preparer.unprepare,
                                 log=self.log, on_registered=self.on_registered, recorder=self.recorder,
-                                node=self.node, prepared=self.preparer.prepared)
+                                node=self.node, prepared=self.preparer.prepared, health=self.slices.feed)
         self.server.start()
         self.start_health()
         self.not_serving_reason = None
@@ -245,16 +269,44 @@ class DraWork(DaemonWork):
             self.log.error("The kubelet refused the registration of DRA driver %s: %s", self.driver, error)
 
     def on_health(self, unhealthy: frozenset[str], changes: Sequence[Change]) -> None:
-        """The health monitor's consumer: devices of GPUs that are down leave the slices, and return."""
+        """The health monitor's consumer: devices of GPUs that are down get their taints (or leave the
+        slices where the API server has no taints), and lose them when they come back. A change of
+        state without a change of the set (recovering -> needs a reset) changes taints and messages
+        too, so the health is compared, not the set."""
         with self._lock:
-            if unhealthy == self.unhealthy:
+            ledger = self.health.ledger
+            if self.serving is None or ledger is None:
                 return
-            self.unhealthy = unhealthy
+            health = self.health_of(self.serving, ledger)
+            if unhealthy == self.unhealthy and health == self.device_health:
+                return
+            self.unhealthy, self.device_health = unhealthy, health
         self.slices.publish()
+
+    def on_notice(self, gpu: str, xid: int | None) -> None:
+        """An XID outside the critical set, or a GPU that cannot be watched: a `None` taint only."""
+        if xid is None:
+            self.unmonitored.add(gpu)
+        else:
+            self.informational.seen(gpu, xid, time.time())
+        if self.health.ledger is not None:
+            self.on_health(self.health.ledger.unhealthy, ())
+
+    def expire_notices(self) -> None:
+        """An informational XID's `None` taint goes after the quiet period: re-published then."""
+        from nvdp.health.settings import settings_from_config
+
+        serving, ledger = self.serving, self.health.ledger
+        if serving is None or ledger is None:
+            return
+        expiry = self.informational.next_expiry(settings_from_config(serving.config).after)
+        if expiry is not None and time.time() >= expiry:
+            self.on_health(ledger.unhealthy, ())
 
     def start_health(self) -> None:
         assert self.serving is not None
-        self.health.start(self.serving.config, self.serving.inventory, self.on_health)
+        self.health.start(self.serving.config, self.serving.inventory, self.on_health,
+                          on_notice=self.on_notice)
 
     # --- the loop and the end --------------------------------------------------------------------
 
@@ -288,6 +340,7 @@ class DraWork(DaemonWork):
             self.slices.publish()
             self.mode.advertising()
         self.slices.retry()
+        self.expire_notices()
         return None
 
     def wake_after(self) -> float | None:
@@ -295,6 +348,8 @@ class DraWork(DaemonWork):
 
     def stop(self) -> None:
         self.health.stop(timeout=0)
+        if self.slices.feed is not None:
+            self.slices.feed.close()  # ends the kubelet's health streams before the server stops
         if self.server is not None:
             # Removing the registration socket deregisters the driver. The slices stay: a restarted
             # plugin takes them over unchanged, and the kubelet removes them once no plugin of this

@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 
 from msgspec import Struct
 
+from nvdp.config import names
 from nvdp.config.durations import parse_duration as parse_duration  # where GFD's callers import it
-from nvdp.config.sources import ENV_VARS
+from nvdp.config.sources import CONFIG_FILE_ENV, ENV_VARS
 from nvdp.nodeconfig import NodeConfigSettings, add_node_config_arguments, settings_from
 
 # GFD's names first: when two names lead to one path, the first one set wins.
@@ -32,7 +33,7 @@ GFD_ENV_VARS: Mapping[str, str] = {
     # The plugin's names too, HEALTH_STATE_DIR among them: GFD reads the health authority's health.json.
     **{name: path for name, path in ENV_VARS.items() if path},
 }
-CONFIG_FILE_ENVS = ("GFD_CONFIG_FILE", "CONFIG_FILE")
+CONFIG_FILE_ENVS = ("GFD_CONFIG_FILE", CONFIG_FILE_ENV)
 
 # Flag -> config path; the flag's own text goes through the loader's conversion and validation.
 GFD_FLAG_PATHS: Mapping[str, str] = {
@@ -131,7 +132,7 @@ def parse_options(argv: Sequence[str] | None, env: Mapping[str, str] | None = No
     presence = ns.presence_only if ns.presence_only is not None else env.get("GFD_PRESENCE_ONLY", "false")
     return ProcessOptions(
         config_file=config_file,
-        node_name=ns.node_name or env.get("NODE_NAME", ""),
+        node_name=names.node_name(env, ns.node_name),
         namespace=ns.namespace or env.get("NAMESPACE", "") or "default",
         pod_name=ns.pod_name or env.get("POD_NAME", ""),
         kubeconfig=ns.kubeconfig or None,

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from nvdp.config.loader import ConfigError, load_config
+from nvdp.config.loader import ConfigError, entry_in_force, load_config
 from nvdp.config.model import Config
 from nvdp.daemon.api import PODS_UNREADABLE
 from nvdp.daemon.errors import StartupError
@@ -90,8 +90,8 @@ class GfdWork(DaemonWork):
                 config = load(self.opts, self.env)
             else:
                 assert chosen is not None
-                path = str(chosen.path) if chosen.path is not None else None
-                config = load_config(path, self.env, self.opts.overrides, env_vars=GFD_ENV_VARS)
+                path, env = entry_in_force(self.opts.config_file, self.env, chosen.path, per_node=True)
+                config = load_config(path, env, self.opts.overrides, env_vars=GFD_ENV_VARS)
         except ConfigError as e:
             raise ConfigRefused(str(e)) from None
         mode = follower_mode(config, self.env)

@@ -71,11 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def serve_metrics(skeleton: Skeleton, address: str | None) -> list[HttpEndpoints]:
-    """The daemon's series at /metrics, recorded by the skeleton's Recorder (no probes)."""
+    """The daemon's series at /metrics, recorded by the skeleton's Recorder (no probes). Should the
+    server's thread end, the daemon ends through its run loop (its pod restarts), saying why."""
     from nvdp.daemon.observe import scrape, serve
 
+    def died(what: str) -> None:
+        log.critical("%s stopped unexpectedly; the MPS daemon ends so that its pod restarts", what)
+        if skeleton.inbox is not None:
+            skeleton.inbox.post_fatal()
+
     return serve(address, None, {}, scrape(skeleton.recorder, "MPS_DAEMON"), skeleton.recorder, log,
-                 guard=False)
+                 on_death=died)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -38,12 +38,12 @@ class DaemonStatus(Struct, frozen=True):
         return self.state != "stopped" and self.age_s(now) <= STALE_AFTER_S
 
 
-def write_status(path: Path, state: State, error: str | None = None) -> None:
-    """Replace the status file atomically; OSError when the MPS root cannot be written."""
-    body = json.dumps({"state": state, "error": error, "updated": time.time()}) + "\n"
+def replace_file(path: Path, body: bytes) -> None:
+    """Replace a small file under the MPS root atomically (readers see the old or the new one, never
+    a part); OSError when the MPS root cannot be written."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     try:
-        temporary.write_text(body, encoding="utf-8")
+        temporary.write_bytes(body)
         os.replace(temporary, path)
     except OSError:
         with contextlib.suppress(OSError):
@@ -51,14 +51,25 @@ def write_status(path: Path, state: State, error: str | None = None) -> None:
         raise
 
 
-def read_status(path: Path) -> DaemonStatus | None:
-    """The published status, or None when there is none (or it cannot be read as one)."""
+def read_small(path: Path, max_bytes: int) -> bytes | None:
+    """A small file's bytes; None when it cannot be read or is over `max_bytes` (then it is not ours)."""
     try:
         with path.open("rb") as handle:
-            raw = handle.read(MAX_BYTES + 1)
+            raw = handle.read(max_bytes + 1)
     except OSError:
         return None
-    if len(raw) > MAX_BYTES:
+    return raw if len(raw) <= max_bytes else None
+
+
+def write_status(path: Path, state: State, error: str | None = None) -> None:
+    """Replace the status file atomically; OSError when the MPS root cannot be written."""
+    replace_file(path, (json.dumps({"state": state, "error": error, "updated": time.time()}) + "\n").encode())
+
+
+def read_status(path: Path) -> DaemonStatus | None:
+    """The published status, or None when there is none (or it cannot be read as one)."""
+    raw = read_small(path, MAX_BYTES)
+    if raw is None:
         return None
     try:
         data = json.loads(raw)

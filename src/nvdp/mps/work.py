@@ -39,15 +39,12 @@ def load_settings(
     `chosen`: the per-node entry (CONFIG_DIR mode), which replaces --config-file / CONFIG_FILE.
     """
     from nvdp.config.flags import overrides_from_args
-    from nvdp.config.loader import load_config
+    from nvdp.config.loader import entry_in_force, load_config
     from nvdp.inventory.nvml import discover
 
-    if chosen is None:
-        config = load_config(args.config_file, None, overrides_from_args(args))
-    else:
-        entry_env = {k: v for k, v in env.items() if k != "CONFIG_FILE"}
-        path = str(chosen.path) if chosen.path is not None else None
-        config = load_config(path, entry_env, overrides_from_args(args))
+    path, config_env = entry_in_force(args.config_file, env, chosen.path if chosen is not None else None,
+                                      per_node=chosen is not None)
+    config = load_config(path, config_env, overrides_from_args(args))
     modes_factory = partial(NvmlComputeModes, config.flags.plugin.container_driver_root)
     mode = follower_mode(config, env)
     if gate is not None:

@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from nvdp.config.names import node_name
 from nvdp.daemon.guard import guarded_loop, guarded_thread
 from nvdp.mps import control
 from nvdp.mps.paths import HOST_ROOT_ENV, ResourcePaths, container_root, unusable_root, unusable_root_message
 from nvdp.mps.status import DaemonStatus, read_status
-from nvdp.node_events import NODE_NAME_ENV
 from nvdp.recording import Recorder
 
 MPS_CAPABLE_LABEL = "nvidia.com/mps.capable=true"
@@ -83,7 +83,7 @@ class MpsGate:
         return cls(
             resource_name,
             container_root(source),
-            source.get(NODE_NAME_ENV, ""),
+            node_name(source),
             log,
             interval_s=_seconds(source, WAIT_LOG_INTERVAL_ENV, DEFAULT_WAIT_LOG_INTERVAL_S),
             probe_interval_s=_seconds(source, PROBE_INTERVAL_ENV, DEFAULT_PROBE_INTERVAL_S),

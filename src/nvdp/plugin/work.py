@@ -243,9 +243,10 @@ class DevicePluginWork(DaemonWork):
     def mode_api(self) -> NodeApi | None:
         """The API reads of the mode policy: with per-node config, or beside a DRA plugin (whose slices
         it waits for); None without a node name or API access."""
+        from nvdp.config.names import node_name
         from nvdp.mode import driver_name
 
-        driver, node = driver_name(self.env), self.env.get("NODE_NAME", "")
+        driver, node = driver_name(self.env), node_name(self.env)
         if not node or (self.skeleton.node_config is None and driver is None):
             return None  # and no API client imported: a single-config plugin never talks to the API
         unreachable = None
