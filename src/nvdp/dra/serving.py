@@ -1,11 +1,12 @@
 """What one config puts in force in the DRA plugin: the config, the GPUs, the devices published and
-the CDI spec writer of their claims, prepared before anything running is touched."""
+the CDI spec writer of their claims, prepared before anything running is touched; and the claims'
+sharing on the node (MPS where the pod has the MPS root)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
 
@@ -16,7 +17,10 @@ from nvdp.dra.devices import DraDevice
 from nvdp.inventory.model import Inventory
 
 if TYPE_CHECKING:
+    from nvdp.dra.mps import ClaimMps
+    from nvdp.dra.sharing import NodeSharing
     from nvdp.nodeconfig import Chosen
+    from nvdp.recording import Recorder
 
 
 class Serving(Struct, frozen=True):
@@ -52,3 +56,29 @@ def prepare(config: Config, chosen: Chosen | None, cdi_root: str, log: logging.L
     except PlanError as err:
         raise StartupError(f"invalid config for this node's GPUs: {err}") from None
     return Serving(config, inventory, devices, ClaimSpecWriter(cdi_root, config, inventory, facts))
+
+
+def node_sharing(client: Any, serving: Serving, env: Mapping[str, str], driver: str, node: str,
+                 log: logging.Logger, recorder: Recorder) -> tuple[NodeSharing, ClaimMps | None]:
+    """Claims' sharing on this node, and its MPS daemons when the pod has the MPS root (chart value
+    dra.mps)."""
+    from functools import partial
+
+    from nvdp.dra.claim_events import ClaimEvents
+    from nvdp.dra.mps import ClaimMps
+    from nvdp.dra.sharing import NodeSharing
+    from nvdp.mps.compute_mode import NvmlComputeModes
+    from nvdp.mps.paths import CONTAINER_ROOT_ENV, HOST_ROOT_ENV, container_root
+
+    config = serving.config
+    warner = ClaimEvents(client, node=node, component="nvidia-dra-plugin", log=log)
+    if not (env.get(HOST_ROOT_ENV) or env.get(CONTAINER_ROOT_ENV)):
+        return NodeSharing(driver=driver, mps=None, log=log, warner=warner, no_mps_reason=(
+            f"the pod has no MPS root ({HOST_ROOT_ENV} is not set): install with the chart value "
+            "dra.mps=true (the default), which mounts it and the MPS clients' /dev/shm")), None
+    mps = ClaimMps(
+        root=container_root(env), host_root=env.get(HOST_ROOT_ENV) or config.flags.mps_root,
+        driver=driver, inventory=serving.inventory,
+        modes_factory=partial(NvmlComputeModes, config.flags.plugin.container_driver_root),
+        log=log, recorder=recorder)
+    return NodeSharing(driver=driver, mps=mps, log=log, no_mps_reason="", warner=warner), mps

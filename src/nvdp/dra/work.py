@@ -239,28 +239,12 @@ class DraWork(DaemonWork):
         return serving.specs
 
     def node_sharing(self, client: Any) -> NodeSharing:
-        """Claims' sharing on this node; MPS when the pod has the MPS root (chart value dra.mps)."""
-        from functools import partial
-
-        from nvdp.dra.claim_events import ClaimEvents
-        from nvdp.dra.mps import ClaimMps
-        from nvdp.dra.sharing import NodeSharing
-        from nvdp.mps.compute_mode import NvmlComputeModes
-        from nvdp.mps.paths import CONTAINER_ROOT_ENV, HOST_ROOT_ENV, container_root
+        from nvdp.dra.serving import node_sharing
 
         assert self.serving is not None
-        config = self.serving.config
-        warner = ClaimEvents(client, node=self.node, component="nvidia-dra-plugin", log=self.log)
-        if not (self.env.get(HOST_ROOT_ENV) or self.env.get(CONTAINER_ROOT_ENV)):
-            return NodeSharing(driver=self.driver, mps=None, log=self.log, warner=warner, no_mps_reason=(
-                f"the pod has no MPS root ({HOST_ROOT_ENV} is not set): install with the chart value "
-                "dra.mps=true (the default), which mounts it and the MPS clients' /dev/shm"))
-        self.mps = ClaimMps(
-            root=container_root(self.env), host_root=self.env.get(HOST_ROOT_ENV) or config.flags.mps_root,
-            driver=self.driver, inventory=self.serving.inventory,
-            modes_factory=partial(NvmlComputeModes, config.flags.plugin.container_driver_root),
-            log=self.log, recorder=self.recorder)
-        return NodeSharing(driver=self.driver, mps=self.mps, log=self.log, no_mps_reason="", warner=warner)
+        sharing, self.mps = node_sharing(client, self.serving, self.env, self.driver, self.node, self.log,
+                                         self.recorder)
+        return sharing
 
     def on_registered(self, registered: bool, error: str) -> None:
         if registered:
