@@ -4,8 +4,8 @@
     python scripts/generate_api.py --out DIR  # write them under DIR instead (the staleness test does)
 
 Two API packages are generated in one run: the device-plugin API (src/nvdp/plugin/api) and the
-kubelet's DRA, DRA resource-health and plugin-registration APIs (src/nvdp/dra/api). With --out, each goes to the same
-relative folder under DIR (DIR/plugin/api, DIR/dra/api).
+kubelet's DRA, DRA resource-health and plugin-registration APIs (src/nvdp/dra/api). With --out, each
+goes to the same relative folder under DIR (DIR/plugin/api, DIR/dra/api).
 
 The output depends on the grpcio-tools version, so the version used is pinned here; a different
 one is refused rather than producing files that differ for no reason.

@@ -287,3 +287,6 @@ def test_the_documented_diagnostics_claim_is_valid_and_tolerates_a_down_gpu() ->
         down = device_health(devices, record_with((gpu, [gpu], cause)), quiet_s=QUIET,
                              down_effect="NoExecute")[devices[0].name]
         assert tolerated(tolerations, down.taints)
+        # Kubernetes 1.36's device taint eviction controller keeps a pod only for a toleration that
+        # names NoExecute (an effect-less one is not enough; tests/e2e/test_dra_health.py).
+        assert tolerated([t for t in tolerations if t.effect == "NoExecute"], down.taints)
