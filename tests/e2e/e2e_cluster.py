@@ -201,6 +201,21 @@ class Cluster:
         value = self.node_object()["status"].get("allocatable", {}).get(resource)
         return None if value is None else int(value)
 
+    def remove_namespaces(self, *names: str, timeout: float = 120) -> None:
+        """Delete the namespaces of a story's workloads and wait for them to go; pods are removed at
+        once first. A namespace still there after `timeout` is reported, never raised: the release's
+        uninstall after it must run whatever happens, or its cluster-wide objects (DeviceClasses)
+        block every later story's install."""
+        for name in names:
+            self.kubectl("delete", "pods", "--all", "-n", name, "--force", "--grace-period=0", "--wait=false",
+                         check=False)
+        for name in names:
+            try:
+                self.kubectl("delete", "namespace", name, "--wait=true", check=False, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                left = self.kubectl("get", "all,resourceclaims", "-n", name, "-o", "name", check=False)
+                print(f"namespace {name} still terminating after {timeout:.0f} s: {left.stdout.split()}")
+
     def label(self, labels: dict[str, str | None]) -> None:
         """Set (a value) or remove (None) labels of the node."""
         args = [f"{k}-" if v is None else f"{k}={v}" for k, v in labels.items()]
@@ -450,7 +465,9 @@ class Release:
                                  "--timeout", "180s")  # fmt: skip
 
     def uninstall(self) -> None:
-        self.cluster.helm("uninstall", self.name, "-n", self.namespace, "--wait", check=False)
+        done = self.cluster.helm("uninstall", self.name, "-n", self.namespace, "--wait", check=False)
+        if done.returncode != 0:  # shown with the story's output: what a later install may trip on
+            print(f"helm uninstall {self.name} failed (exit {done.returncode}): {done.stderr[-1500:]}")
         self.cluster.forget_health()
 
     def pods(self, component: str = "") -> list[dict[str, Any]]:

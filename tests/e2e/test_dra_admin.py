@@ -48,8 +48,7 @@ def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Relea
     cluster.kubectl("label", "namespace", DEBUG, f"{ADMIN_LABEL}=true", "--overwrite")
     release = Release(cluster, images, "nvdp-dra-admin", "nvdp-e2e-dra-admin")
     yield release
-    for namespace in (WORK, DEBUG):
-        cluster.kubectl("delete", "namespace", namespace, "--wait=true", check=False, timeout=120)
+    cluster.remove_namespaces(WORK, DEBUG)
     release.uninstall()
     try:
         cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)

@@ -31,7 +31,7 @@ from .test_dra import CLAIM_SPEC_PREFIX, MIXED_DRIVER_VERSION, claim_host, pod_r
 SCENARIO = "DRA faults"
 pytestmark = pytest.mark.incremental
 DRIVER = "gpu.nvidia.com"
-NAMESPACE = "nvdp-e2e-dra-faults"
+NAMESPACE = "nvdp-e2e-dra-faults-work"  # not the release's: deleting that drops helm's record of it
 HOSTILE = "nvdp-e2e-dra-hostile"
 CHECKPOINT = f"/var/lib/kubelet/plugins/{DRIVER}/checkpoint.json"
 DEPTH = 1500
@@ -61,8 +61,7 @@ def release(cluster: Cluster, host: HostSetup) -> Iterator[Release]:
         cluster.kubectl("create", "namespace", namespace, check=False)
     release = Release(cluster, cluster.build_images("mixed-4"), "nvdp-dra-faults", "nvdp-e2e-dra-faults")
     yield release
-    for namespace in (NAMESPACE, HOSTILE):
-        cluster.kubectl("delete", "namespace", namespace, "--wait=true", check=False, timeout=120)
+    cluster.remove_namespaces(NAMESPACE, HOSTILE)
     release.uninstall()
     try:
         cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)

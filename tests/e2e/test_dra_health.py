@@ -152,7 +152,7 @@ def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Relea
     cluster.kubectl("create", "namespace", NAMESPACE, check=False)
     release = Release(cluster, images, "nvdp-dra-health", "nvdp-e2e-dra-health")
     yield release
-    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", check=False, timeout=180)
+    cluster.remove_namespaces(NAMESPACE, timeout=180)
     release.uninstall()
     try:
         cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)

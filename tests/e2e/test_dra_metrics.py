@@ -51,7 +51,7 @@ def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Relea
     cluster.kubectl("create", "namespace", NAMESPACE, check=False)
     release = Release(cluster, images, "nvdp-dram", "nvdp-e2e-dra-metrics")
     yield release
-    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", check=False, timeout=120)
+    cluster.remove_namespaces(NAMESPACE)
     release.uninstall()
     try:
         cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)

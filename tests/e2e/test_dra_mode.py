@@ -173,7 +173,7 @@ def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Relea
     cluster.kubectl("create", "namespace", WORK, check=False)
     release = Release(cluster, images, "nvdp-mode", "nvdp-e2e-mode")
     yield release
-    cluster.kubectl("delete", "namespace", WORK, "--wait=true", check=False, timeout=120)
+    cluster.remove_namespaces(WORK)
     release.uninstall()
     try:
         cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)

@@ -54,7 +54,7 @@ def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Relea
     cluster.kubectl("create", "namespace", NAMESPACE, check=False)
     release = Release(cluster, images, "nvdp-share", "nvdp-e2e-dra-sharing")
     yield release
-    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", check=False, timeout=180)
+    cluster.remove_namespaces(NAMESPACE, timeout=180)
     cluster.kubectl("delete", "deviceclass", TIMESLICE_CLASS, check=False)
     release.uninstall()
     try:
