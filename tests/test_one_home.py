@@ -29,6 +29,7 @@ HOMES: dict[str, tuple[str, str]] = {
     "where a claim's allocation results are read": (r"""get\(["']results["']\)""", "claim_results.py"),
     "the DRA driver's default name": (r"""["']gpu\.nvidia\.com["']""", "config/names.py"),
     "the variable that names the DRA driver": (r"""["']DRA_DRIVER_NAME["']""", "config/names.py"),
+    "the variable that sets a node's default mode": (r"""["']NVDP_DEFAULT_MODE["']""", "config/names.py"),
     "the variable that names this node": (r"""["']NODE_NAME["']""", "config/names.py"),
     "the variable that names the config file": (r"""["']CONFIG_FILE["']""", "config/sources.py"),
     "how a chosen per-node entry replaces the config file": (r"!=\s*CONFIG_FILE_ENV\b", "config/loader.py"),

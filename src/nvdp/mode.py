@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any, get_args
 from msgspec import Struct
 
 from nvdp.config.model import Config, Mode
-from nvdp.config.names import DEFAULT_DRA_DRIVER, DRA_DRIVER_ENV
+from nvdp.config.names import DEFAULT_DRA_DRIVER as DEFAULT_DRA_DRIVER
+from nvdp.config.names import DEFAULT_MODE_ENV as DEFAULT_MODE_ENV
+from nvdp.config.names import DRA_DRIVER_ENV as DRA_DRIVER_ENV
 from nvdp.nodechoice import ConfigPending, ConfigRefused, Report
 
 if TYPE_CHECKING:
@@ -41,7 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["Mode", "ModeGate", "ModeSwitchRefused", "node_mode"]
 
 MODES: tuple[Mode, ...] = get_args(Mode)
-DEFAULT_MODE_ENV = "NVDP_DEFAULT_MODE"
 DRIVER_ENV = DRA_DRIVER_ENV
 DEFAULT_DRIVER = DEFAULT_DRA_DRIVER
 RESOURCE_PREFIX = "nvidia.com/"

@@ -103,7 +103,3 @@ def test_a_node_without_gpus_says_its_pool_is_empty() -> None:
     (warning,) = pool.pool_warnings(Config(flags=Flags()), replace(t4, gpus=()), "dra",
                                     default_is="", default_fix="")
     assert warning.startswith("This node has no GPUs")
-
-
-def test_the_default_mode_variable_is_the_one_the_daemons_read() -> None:
-    assert pool.DEFAULT_MODE_ENV == DEFAULT_MODE_ENV

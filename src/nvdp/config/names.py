@@ -11,6 +11,8 @@ from nvdp.config.model import RESOURCE_PREFIX
 # plugin (the plugin, GPU feature discovery and the MPS daemon follow the node's mode by it).
 DEFAULT_DRA_DRIVER = "gpu.nvidia.com"
 DRA_DRIVER_ENV = "DRA_DRIVER_NAME"
+# The mode a node is in when its config entry sets none (the chart's dra.defaultMode).
+DEFAULT_MODE_ENV = "NVDP_DEFAULT_MODE"
 # This node's name: the chart sets it from the pod's spec.nodeName (the downward API).
 NODE_NAME_ENV = "NODE_NAME"
 MAX_RESOURCE_NAME = 63

@@ -13,13 +13,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nvdp.config.model import Config, Mode
+from nvdp.config.names import DEFAULT_MODE_ENV as DEFAULT_MODE_ENV
 from nvdp.dra.devices import DraDevice, dra_devices, with_plan
 from nvdp.dra.slices import desired_slices
 from nvdp.inventory.model import Inventory
 from nvdp.plan import plan
-
-# nvdp.mode.DEFAULT_MODE_ENV (imported there from the daemons; kept equal by a test).
-DEFAULT_MODE_ENV = "NVDP_DEFAULT_MODE"
 
 
 def pool_devices(config: Config, inventory: Inventory) -> tuple[DraDevice, ...]:
