@@ -178,12 +178,14 @@ def stage_plan(ctx: Context) -> Report:
 
 
 def stage_dra(ctx: Context) -> Report:
-    from nvdp.dra.devices import dra_devices
-    from nvdp.dra.slices import desired_slices
+    # The DRA plugin's own functions, under the default config, as `nvdp dra slices` computes them.
+    from nvdp.config.loader import load_config
+    from nvdp.dra.names import DEFAULT_DRIVER
+    from nvdp.dra.pool import pool_devices, published_slices
 
-    devices = dra_devices(ctx.need_inventory())
-    slices = desired_slices(node="gpu-node", node_uid="", driver="gpu.nvidia.com", devices=devices)
-    return {"slices": slices}
+    devices = pool_devices(load_config(None, {}, {}), ctx.need_inventory())
+    return {"slices": published_slices("dra", node="gpu-node", node_uid="", driver=DEFAULT_DRIVER,
+                                       devices=devices)}
 
 
 def stage_mig(ctx: Context) -> Report:
