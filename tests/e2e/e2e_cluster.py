@@ -722,3 +722,29 @@ class KubeletView:
         return (f"kubelet: stream ended {self.streams_ended}x, registrations {self.registrations}, "
                 f"healthy counts {[count for _, count in self.healthy()]}, outside {sorted(allowed)}: "
                 f"{gaps or 'never'}")  # fmt: skip
+
+
+@contextlib.contextmanager
+def story_release(
+    cluster: Cluster, images: Images, name: str, namespace: str, *, work: Sequence[str],
+    labels: dict[str, str | None] | None = None, remove_timeout: float = 120,
+) -> Iterator[Release]:
+    """A story's Release (installed by its first step) on the node labelled GPU-present (and `labels`),
+    its workloads' namespaces `work` made. On exit: those namespaces go first, then the release and its
+    pods, the node's labels and the release's namespace. The workloads never share the release's
+    namespace: deleting that drops helm's record of the release, and its uninstall would then leave
+    the DeviceClasses that every later story's install trips on."""
+    assert namespace not in work, f"{namespace}: a story's workloads need a namespace of their own"
+    node_labels: dict[str, str | None] = {"nvidia.com/gpu.present": "true", **(labels or {})}
+    cluster.label(node_labels)
+    for each in work:
+        cluster.kubectl("create", "namespace", each, check=False)
+    release = Release(cluster, images, name, namespace)
+    yield release
+    cluster.remove_namespaces(*work, timeout=remove_timeout)
+    release.uninstall()
+    try:
+        cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)
+    finally:
+        cluster.label(dict.fromkeys(node_labels))
+        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from .e2e_cluster import Cluster, Images, Release, Timings
+from .e2e_cluster import Cluster, Images, Release, Timings, story_release
 from .test_cdi import DRIVER_VERSION, LIBDIR, LIBRARIES, T4_UUID, HostSetup, make_host, remove_host
 
 SCENARIO = "DRA driver"
@@ -75,17 +75,8 @@ def host(cluster: Cluster) -> Iterator[HostSetup]:
 
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Release]:
-    cluster.label({"nvidia.com/gpu.present": "true"})
-    cluster.kubectl("create", "namespace", NAMESPACE, check=False)
-    release = Release(cluster, images, "nvdp-dra", "nvdp-e2e-dra")
-    yield release
-    cluster.remove_namespaces(NAMESPACE)
-    release.uninstall()
-    try:
-        cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)
-    finally:
-        cluster.label({"nvidia.com/gpu.present": None})
-        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
+    with story_release(cluster, images, "nvdp-dra", "nvdp-e2e-dra", work=[NAMESPACE]) as release:
+        yield release
 
 
 def values(host: HostSetup) -> list[str]:

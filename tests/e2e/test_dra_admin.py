@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from .e2e_cluster import Cluster, Images, Release, Timings
+from .e2e_cluster import Cluster, Images, Release, Timings, story_release
 from .test_cdi import HostSetup
 from .test_dra import CLAIM_SPEC_PREFIX, DRIVER, claim_host, plugin_log, slice_devices, values
 
@@ -42,19 +42,10 @@ def host(cluster: Cluster) -> Iterator[HostSetup]:
 
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Release]:
-    cluster.label({"nvidia.com/gpu.present": "true"})
-    for namespace in (WORK, DEBUG):
-        cluster.kubectl("create", "namespace", namespace, check=False)
-    cluster.kubectl("label", "namespace", DEBUG, f"{ADMIN_LABEL}=true", "--overwrite")
-    release = Release(cluster, images, "nvdp-dra-admin", "nvdp-e2e-dra-admin")
-    yield release
-    cluster.remove_namespaces(WORK, DEBUG)
-    release.uninstall()
-    try:
-        cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)
-    finally:
-        cluster.label({"nvidia.com/gpu.present": None})
-        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
+    with story_release(cluster, images, "nvdp-dra-admin", "nvdp-e2e-dra-admin",
+                       work=[WORK, DEBUG]) as release:
+        cluster.kubectl("label", "namespace", DEBUG, f"{ADMIN_LABEL}=true", "--overwrite")
+        yield release
 
 
 # --- objects ------------------------------------------------------------------------------------------

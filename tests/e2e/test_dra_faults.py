@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from .e2e_cluster import Cluster, Release, Timings
+from .e2e_cluster import Cluster, Release, Timings, story_release
 from .test_cdi import DRIVER_VERSION, LIBDIR, LIBRARIES, HostSetup
 from .test_dra import CLAIM_SPEC_PREFIX, MIXED_DRIVER_VERSION, claim_host, pod_ready
 
@@ -56,18 +56,9 @@ def host(cluster: Cluster) -> Iterator[HostSetup]:
 
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, host: HostSetup) -> Iterator[Release]:
-    cluster.label({"nvidia.com/gpu.present": "true"})
-    for namespace in (NAMESPACE, HOSTILE):
-        cluster.kubectl("create", "namespace", namespace, check=False)
-    release = Release(cluster, cluster.build_images("mixed-4"), "nvdp-dra-faults", "nvdp-e2e-dra-faults")
-    yield release
-    cluster.remove_namespaces(NAMESPACE, HOSTILE)
-    release.uninstall()
-    try:
-        cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)
-    finally:
-        cluster.label({"nvidia.com/gpu.present": None})
-        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
+    with story_release(cluster, cluster.build_images("mixed-4"), "nvdp-dra-faults", "nvdp-e2e-dra-faults",
+                       work=[NAMESPACE, HOSTILE]) as release:
+        yield release
 
 
 def values(host: HostSetup) -> list[str]:

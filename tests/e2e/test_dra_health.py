@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from .e2e_cluster import DATA, Cluster, Images, Release, Timings
+from .e2e_cluster import DATA, Cluster, Images, Release, Timings, story_release
 from .test_cdi import T4_UUID, HostSetup
 from .test_dra import DRIVER, claim_host, slice_devices, values
 
@@ -148,17 +148,9 @@ def host(cluster: Cluster) -> Iterator[HostSetup]:
 
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Release]:
-    cluster.label({"nvidia.com/gpu.present": "true"})
-    cluster.kubectl("create", "namespace", NAMESPACE, check=False)
-    release = Release(cluster, images, "nvdp-dra-health", "nvdp-e2e-dra-health")
-    yield release
-    cluster.remove_namespaces(NAMESPACE, timeout=180)
-    release.uninstall()
-    try:
-        cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)
-    finally:
-        cluster.label({"nvidia.com/gpu.present": None})
-        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
+    with story_release(cluster, images, "nvdp-dra-health", "nvdp-e2e-dra-health", work=[NAMESPACE],
+                       remove_timeout=180) as release:
+        yield release
 
 
 @pytest.fixture(scope="module")

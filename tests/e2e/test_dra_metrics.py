@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .e2e_cluster import Cluster, Images, Release, Timings
+from .e2e_cluster import Cluster, Images, Release, Timings, story_release
 from .test_cdi import HostSetup
 from .test_dra import (
     NAMESPACE,
@@ -47,17 +47,8 @@ def host(cluster: Cluster) -> Iterator[HostSetup]:
 
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Release]:
-    cluster.label({"nvidia.com/gpu.present": "true"})
-    cluster.kubectl("create", "namespace", NAMESPACE, check=False)
-    release = Release(cluster, images, "nvdp-dram", "nvdp-e2e-dra-metrics")
-    yield release
-    cluster.remove_namespaces(NAMESPACE)
-    release.uninstall()
-    try:
-        cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)
-    finally:
-        cluster.label({"nvidia.com/gpu.present": None})
-        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
+    with story_release(cluster, images, "nvdp-dram", "nvdp-e2e-dra-metrics", work=[NAMESPACE]) as release:
+        yield release
 
 
 def dra_endpoint(cluster: Cluster, release: Release) -> str | None:

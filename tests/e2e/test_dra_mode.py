@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from .e2e_cluster import DATA, GPU, Cluster, Images, Release, Timings
+from .e2e_cluster import DATA, GPU, Cluster, Images, Release, Timings, story_release
 from .test_cdi import HostSetup
 from .test_dra import claim_host
 
@@ -169,17 +169,9 @@ def host(cluster: Cluster) -> Iterator[HostSetup]:
 
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Release]:
-    cluster.label({"nvidia.com/gpu.present": "true", LABEL: None})
-    cluster.kubectl("create", "namespace", WORK, check=False)
-    release = Release(cluster, images, "nvdp-mode", "nvdp-e2e-mode")
-    yield release
-    cluster.remove_namespaces(WORK)
-    release.uninstall()
-    try:
-        cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)
-    finally:
-        cluster.label({"nvidia.com/gpu.present": None, LABEL: None})
-        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
+    with story_release(cluster, images, "nvdp-mode", "nvdp-e2e-mode", work=[WORK],
+                       labels={LABEL: None}) as release:
+        yield release
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from .e2e_cluster import DATA, GPU, MPS_ROOT, SIM_STATE_DIR, Cluster, Images, Release, Timings
+from .e2e_cluster import DATA, GPU, MPS_ROOT, SIM_STATE_DIR, Cluster, Images, Release, Timings, story_release
 from .test_cdi import T4_UUID, HostSetup
 from .test_dra import DRIVER, claim_host, slice_devices
 
@@ -50,20 +50,12 @@ def host(cluster: Cluster) -> Iterator[HostSetup]:
 
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Release]:
-    cluster.label({"nvidia.com/gpu.present": "true"})
-    cluster.kubectl("create", "namespace", NAMESPACE, check=False)
-    release = Release(cluster, images, "nvdp-share", "nvdp-e2e-dra-sharing")
-    yield release
-    cluster.remove_namespaces(NAMESPACE, timeout=180)
-    cluster.kubectl("delete", "deviceclass", TIMESLICE_CLASS, check=False)
-    release.uninstall()
-    try:
-        cluster.wait_for("the release's pods to go", lambda: not release.pods(), 90)
-    finally:
-        cluster.label({"nvidia.com/gpu.present": None})
-        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
-        # what stays by design (the daemon's bounded log and status) is host state of this story
-        cluster.host(f"rm -rf {MPS_ROOT}/{DRIVER}", check=False)
+    with story_release(cluster, images, "nvdp-share", "nvdp-e2e-dra-sharing", work=[NAMESPACE],
+                       remove_timeout=180) as release:
+        yield release
+        cluster.kubectl("delete", "deviceclass", TIMESLICE_CLASS, check=False)
+    # what stays by design (the daemon's bounded log and status) is host state of this story
+    cluster.host(f"rm -rf {MPS_ROOT}/{DRIVER}", check=False)
 
 
 def plugin_log(cluster: Cluster, release: Release) -> str:
