@@ -49,6 +49,27 @@ class MigDevice(Struct, frozen=True):
         return f"{self.parent_index}:{self.index}"
 
 
+class MigProfile(Struct, frozen=True):
+    """A GPU-instance profile a MIG-capable GPU supports and where an instance of it can go, as NVML
+    reports them (nvmlDeviceGetGpuInstanceProfileInfoV, nvmlDeviceGetGpuInstancePossiblePlacements_v2).
+    NVML answers these with MIG mode off too, so a node can publish what it could make."""
+
+    name: str  # "1g.10gb", "1g.10gb+me"
+    profile_index: int  # NVML_GPU_INSTANCE_PROFILE_* (0 is 1_SLICE, 7 is 1_SLICE_REV1, ...)
+    gi_profile_id: int  # the id `nvidia-smi mig -lgip` lists and instance creation takes (19 for 1g.10gb)
+    slices: int  # compute slices (sliceCount)
+    instances: int  # how many instances of it can exist at once (instanceCount)
+    memory_mib: int  # memorySizeMB
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    # Where an instance can start and how many of the GPU's memory slices it spans, in NVML's order.
+    placements: tuple[tuple[int, int], ...] = ()
+
+
 class Fabric(Struct, frozen=True):
     """The NVLink fabric a GPU has registered with (nvmlDeviceGetGpuFabricInfo, state completed)."""
 
@@ -68,6 +89,8 @@ class Gpu(Struct, frozen=True):
     mig_capable: bool = False
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
+    # What MIG could make on this GPU (read for MIG-capable GPUs; () when NVML does not answer).
+    mig_profiles: tuple[MigProfile, ...] = ()
     fabric: Fabric | None = None  # None: not attached to an NVLink fabric (or not read)
     brand: str = ""  # "Tesla", "Nvidia", ... as go-nvlib's GetBrandAsString names it; "": not read
     architecture: str = ""  # "Turing", "Hopper", ... as go-nvlib's GetArchitectureAsString; "": unknown
