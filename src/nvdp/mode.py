@@ -88,11 +88,26 @@ def follower_mode(config: Config, env: Mapping[str, str]) -> Mode:
     needs a DRA plugin deployed (the chart sets DRA_DRIVER_NAME and NVDP_DEFAULT_MODE with
     dra.enabled); without one the config is refused, as the chart refuses such an entry at install."""
     mode = node_mode(config, env)
+    problem = strategy_problem(config, mode)
+    if problem is not None:
+        raise InvalidMode(problem)
     if mode == "dra" and driver_name(env) is None and not env.get(DEFAULT_MODE_ENV, "").strip():
         raise InvalidMode(f"{config.source}: flags.mode is dra, but no DRA plugin runs beside this daemon "
                           f"({DRIVER_ENV} and {DEFAULT_MODE_ENV} are unset: the chart's dra.enabled is "
                           "false); set dra.enabled=true, or remove flags.mode from the entry")
     return mode
+
+
+def strategy_problem(config: Config, mode: Mode) -> str | None:
+    """Why `config` cannot run in `mode`, with the fix; None when it can. migStrategy dynamic makes MIG
+    devices when a claim is prepared, which only the DRA plugin does: the device plugin refuses it."""
+    if config.flags.mig_strategy == "dynamic" and mode == "device-plugin":
+        how = ("flags.mode is device-plugin" if config.flags.mode == "device-plugin" else
+               f"the node's default mode is device-plugin ({DEFAULT_MODE_ENV}, chart value dra.defaultMode)")
+        return (f"{config.source}: flags.migStrategy dynamic needs DRA mode, but {how}: the device plugin "
+                "cannot make MIG devices on demand; set flags.mode: dra in the entry (with "
+                "dra.enabled=true), or use migStrategy single or mixed with MIG devices made beforehand")
+    return None
 
 
 def driver_name(env: Mapping[str, str]) -> str | None:

@@ -125,3 +125,19 @@ def test_a_device_plugin_mode_needs_the_device_plugin() -> None:
     error = render_error({"dra": {"enabled": True, "defaultMode": "device-plugin"},
                           "devicePlugin": {"enabled": False}})
     assert "'dra.defaultMode' is device-plugin, but 'devicePlugin.enabled' is false" in error, error
+
+
+@pytest.mark.parametrize("as_object", [False, True], ids=["set-file", "inline-object"])
+def test_dynamic_mig_is_refused_at_install_for_device_plugin_mode(as_object: bool) -> None:
+    entry: Any = ({"version": "v1", "flags": {"migStrategy": "dynamic"}} if as_object
+                  else "version: v1\nflags:\n  migStrategy: dynamic\n")
+    error = render_error({"dra": {"enabled": True, "defaultMode": "device-plugin"},
+                          "config": {"map": {"mig": entry}}})
+    assert "config.map.mig sets flags.migStrategy: dynamic, but the nodes that pick it would run in " \
+        "device-plugin mode (the entry has no flags.mode, and 'dra.enabled' is true and 'dra.defaultMode' " \
+        "is device-plugin)" in error, error
+    assert "Set flags.mode: dra in the entry and 'dra.enabled=true'" in error
+    explicit = "version: v1\nflags:\n  migStrategy: dynamic\n  mode: device-plugin\n"
+    assert "flags.mode is device-plugin" in render_error({"dra": {"enabled": True},
+                                                          "config": {"map": {"mig": explicit}}})
+    assert MPS not in daemonsets(objects({"dra": {"enabled": True}, "config": {"map": {"mig": entry}}}))

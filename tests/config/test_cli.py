@@ -136,7 +136,7 @@ def test_show_reports_env_errors(monkeypatch: pytest.MonkeyPatch, capsys: pytest
         "FAIL_ON_INIT_ERROR: flags.failOnInitError: not a boolean (got 'sometimes'); "
         "use true/false, 1/0 or yes/no",
         "--mig-strategy: flags.migStrategy: is not an allowed value (got 'many'); "
-        "expected one of none, single, mixed",
+        "expected one of none, single, mixed, dynamic",
         "configuration: invalid (2 problems)",
     ]
 

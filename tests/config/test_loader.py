@@ -167,7 +167,7 @@ def test_error_text_lists_every_issue() -> None:
         "invalid configuration (2 problems):\n"
         "  c.yaml:1: version: is not an allowed value (got 'v3'); expected one of v1, \"\"\n"
         "  c.yaml:2: flags.migStrategy: is not an allowed value (got 'x'); "
-        "expected one of none, single, mixed"
+        "expected one of none, single, mixed, dynamic"
     )
 
 

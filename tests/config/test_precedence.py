@@ -282,7 +282,7 @@ def test_bad_flag_values_name_the_flag() -> None:
             "flags.migStrategy",
             "is not an allowed value",
             value="'all'",
-            fix="expected one of none, single, mixed",
+            fix="expected one of none, single, mixed, dynamic",
         ),
     ]
 

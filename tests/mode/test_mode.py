@@ -107,6 +107,16 @@ def test_dra_mode_needs_a_dra_plugin_beside_the_other_daemons() -> None:
     assert follower_mode(config("version: v1\n"), {}) == "device-plugin"
 
 
+def test_dynamic_mig_is_refused_where_the_device_plugin_would_serve() -> None:
+    dynamic = config("version: v1\nflags:\n  migStrategy: dynamic\n")
+    with pytest.raises(InvalidMode) as caught:
+        follower_mode(dynamic, {})
+    assert "flags.migStrategy dynamic needs DRA mode, but the node's default mode is device-plugin" in str(
+        caught.value)
+    assert "set flags.mode: dra in the entry" in str(caught.value)
+    assert follower_mode(dynamic, {DEFAULT_MODE_ENV: "dra"}) == "dra"
+
+
 def test_the_driver_default_is_the_dra_plugins() -> None:
     assert MODE_DEFAULT_DRIVER == DEFAULT_DRIVER
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 from msgspec import Struct, field
 
-MigStrategy = Literal["none", "single", "mixed"]
+MigStrategy = Literal["none", "single", "mixed", "dynamic"]
 DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
 DeviceIdStrategy = Literal["uuid", "index"]
 AllocationPolicy = Literal["distributed", "packed"]

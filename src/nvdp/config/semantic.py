@@ -71,6 +71,14 @@ def semantic_issues(doc: Mapping[Any, Any], locate: Locate) -> list[ConfigIssue]
             )
 
     flags = _mapping(doc.get("flags"))
+    if flags.get("migStrategy") == "dynamic" and flags.get("mode") == "device-plugin":
+        add(
+            ("flags", "migStrategy"),
+            "migStrategy dynamic needs DRA mode, but flags.mode is device-plugin: the device plugin cannot "
+            "make MIG devices on demand",
+            "dynamic",
+            "set flags.mode: dra (with the chart's dra.enabled=true), or use migStrategy single or mixed",
+        )
     if isinstance(sharing.get("mps"), Mapping):
         if flags.get("migStrategy") == "mixed":
             mig_source, _ = locate(("flags", "migStrategy"))

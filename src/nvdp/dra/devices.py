@@ -30,6 +30,23 @@ Attributes = dict[str, dict[str, object]]
 Capacity = dict[str, dict[str, str]]
 
 
+class CounterSet(Struct, frozen=True):
+    """One GPU's shared counters under migStrategy dynamic: a ResourceSlice's `sharedCounters` entry
+    (nvdp.dra.partitions)."""
+
+    name: str  # "gpu-0-mig"
+    counters: dict[str, int]
+
+
+class Placement(Struct, frozen=True):
+    """Where a dynamic MIG device's GPU instance goes when a claim's prepare makes it."""
+
+    profile: str  # "3g.40gb"
+    gi_profile_id: int  # what nvmlDeviceCreateGpuInstanceWithPlacement takes
+    start: int  # first memory slice
+    size: int  # memory slices
+
+
 class DraDevice(Struct, frozen=True):
     name: str  # "gpu-0", "gpu-0-mig-1g10gb-19-0"
     kind: str  # "gpu" | "mig"
@@ -42,6 +59,11 @@ class DraDevice(Struct, frozen=True):
     resource: str = ""
     replicas: int = 1
     sharing: SharingStrategy = "none"
+    # migStrategy dynamic (nvdp.dra.partitions): the placement a MIG device is made at (uuid is ""
+    # until then), and the counters of its GPU's counter set the device consumes.
+    placement: Placement | None = None
+    counter_set: CounterSet | None = None
+    consumes: dict[str, int] = {}
 
     @property
     def shared(self) -> bool:
@@ -73,9 +95,9 @@ def dra_devices(inventory: Inventory) -> tuple[DraDevice, ...]:
     devices: list[DraDevice] = []
     seen: set[str] = set()
     for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
-        common = _common_attributes(gpu, inventory)
+        common = common_attributes(gpu, inventory)
         if not gpu.mig_enabled:
-            devices.append(_gpu_device(gpu, common))
+            devices.append(gpu_device(gpu, common))
             continue
         for mig in sorted(gpu.mig_devices, key=_placement_order):
             device = _mig_device(gpu, mig, common)
@@ -122,7 +144,7 @@ def _placement_order(mig: MigDevice) -> tuple[int, int]:
     return (mig.placement_start if mig.placement_start is not None else mig.gi_id, mig.index)
 
 
-def _common_attributes(gpu: Gpu, inventory: Inventory) -> Attributes:
+def common_attributes(gpu: Gpu, inventory: Inventory) -> Attributes:
     """What a GPU and its MIG devices share: product, versions, PCI placement, addressing mode."""
     attrs: Attributes = {"productName": {"string": gpu.name}}
     if gpu.brand:
@@ -148,7 +170,7 @@ def _common_attributes(gpu: Gpu, inventory: Inventory) -> Attributes:
     return attrs
 
 
-def _gpu_device(gpu: Gpu, common: Attributes) -> DraDevice:
+def gpu_device(gpu: Gpu, common: Attributes) -> DraDevice:
     attrs: Attributes = {"type": {"string": "gpu"}, "uuid": {"string": gpu.uuid}, **common}
     return DraDevice(
         name=gpu_device_name(gpu),

@@ -9,22 +9,37 @@ these and `nvdp dra slices` prints them, so the preview and the plugin compute a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from nvdp.config.model import Config, Mode
 from nvdp.config.names import DEFAULT_MODE_ENV as DEFAULT_MODE_ENV
 from nvdp.dra.devices import DraDevice, dra_devices, with_plan
+from nvdp.dra.partitions import dynamic_devices, partitions_published
 from nvdp.dra.slices import desired_slices
-from nvdp.inventory.model import Inventory
+from nvdp.inventory.model import Inventory, MigDevice
 from nvdp.plan import plan
 
 
-def pool_devices(config: Config, inventory: Inventory) -> tuple[DraDevice, ...]:
+def pool_devices(config: Config, inventory: Inventory, owned: Collection[str] = ()) -> tuple[DraDevice, ...]:
     """Every device the node's pool holds under `config`, in publishing order; raises PlanError when
     the config cannot be applied to these GPUs. The device plugin's plan of the same config gives the
-    resource names the extended-resource classes select on and the replicas of GPUs it shares."""
-    return with_plan(dra_devices(inventory), plan(config, inventory))
+    resource names the extended-resource classes select on and the replicas of GPUs it shares.
+
+    Under migStrategy dynamic the MIG-capable GPUs publish their possible placements
+    (nvdp.dra.partitions); `owned` are the UUIDs of the MIG devices the DRA plugin made for its
+    claims (its checkpoint): every other MIG device is foreign, and its placements are left out."""
+    if config.flags.mig_strategy == "dynamic":
+        devices = dynamic_devices(inventory, foreign_instances(inventory, owned))
+    else:
+        devices = dra_devices(inventory)
+    return with_plan(devices, plan(config, inventory))
+
+
+def foreign_instances(inventory: Inventory, owned: Collection[str]) -> dict[str, list[MigDevice]]:
+    """By GPU UUID, the MIG devices that exist and that the DRA plugin did not make."""
+    return {gpu.uuid: foreign for gpu in inventory.gpus
+            if (foreign := [m for m in gpu.mig_devices if m.uuid not in owned])}
 
 
 def published_slices(mode: Mode, *, node: str, node_uid: str, driver: str, devices: Sequence[DraDevice],
@@ -64,6 +79,8 @@ def pool_warnings(config: Config, inventory: Inventory, mode: Mode, *, default_i
                 f"set {default_fix}, or flags.mode: dra in the config"]
     if not inventory.gpus:
         return ["This node has no GPUs: its pool is published without devices"]
+    if config.flags.mig_strategy == "dynamic":
+        return dynamic_warnings(inventory, foreign_instances(inventory, ()))
     return [
         f"GPU {gpu.index} ({gpu.uuid}) has MIG mode enabled and no MIG devices: the DRA plugin publishes "
         "no device for it; create MIG devices on it (nvidia-smi mig -cgi <profiles> -C, or the MIG "
@@ -71,3 +88,29 @@ def pool_warnings(config: Config, inventory: Inventory, mode: Mode, *, default_i
         for gpu in sorted(inventory.gpus, key=lambda g: g.minor)
         if gpu.mig_enabled and not gpu.mig_devices
     ]
+
+
+def dynamic_warnings(inventory: Inventory, foreign: Mapping[str, Sequence[MigDevice]]) -> list[str]:
+    """Under migStrategy dynamic: GPUs that publish no MIG placement, or only some, and why, with the fix."""
+    out: list[str] = []
+    for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
+        if not gpu.mig_capable:
+            continue
+        if not gpu.mig_profiles:
+            out.append(f"GPU {gpu.index} ({gpu.uuid}) is MIG capable, but NVML reported no GPU-instance "
+                       "profiles for it: it is published whole only; check the driver (R450 or later for "
+                       "A100/H100) and that the plugin can read MIG facts (nvdp doctor)")
+        elif not partitions_published(gpu):
+            out.append(f"GPU {gpu.index} ({gpu.uuid}, {gpu.architecture or 'unknown architecture'}) has "
+                       "MIG mode off, and switching it needs a GPU reset on this architecture: it is "
+                       "published whole only. To make MIG devices on demand enable MIG mode once "
+                       f"(nvidia-smi -i {gpu.index} -mig 1, with no process on the GPU) and restart the "
+                       "plugin")
+        mine = foreign.get(gpu.uuid, ())
+        if mine:
+            listed = ", ".join(f"{m.profile} {m.uuid}" for m in mine)
+            out.append(f"GPU {gpu.index} ({gpu.uuid}) has MIG devices the DRA plugin did not make "
+                       f"({listed}): they are never destroyed, and their placements (and the whole GPU) "
+                       "are not published; delete them (nvidia-smi mig -dci / -dgi) to publish those "
+                       "placements")
+    return out

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nvdp.dra.devices import DraDevice
+from nvdp.dra.devices import CounterSet, DraDevice
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -19,6 +19,9 @@ MAX_DEVICES_PER_SLICE = 128
 # ResourceSliceMaxDevicesWithTaintsOrConsumesCounters); with taints on, every slice is cut at 64, so a
 # taint coming or going never moves devices between slices.
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+# Devices that consume counters (partitionable devices, KEP-4815) hold at most 64 per slice too, and
+# the counter sets go in slices of their own, at most 8 per slice (ResourceSliceMaxCounterSets).
+MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_NAME = 253  # a DNS subdomain
 # The capacity a shared device counts its claims in (`device.capacity['<driver>'].replicas` in CEL).
 REPLICAS_CAPACITY = "replicas"
@@ -48,7 +51,8 @@ def desired_slices(
     taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """Full ResourceSlice objects for the node's pool; no device at all still gives one slice (the pool
-    exists, empty).
+    exists, empty). The counter sets devices consume (migStrategy dynamic) come first, in slices of
+    their own, whether or not the devices consuming them are shown.
 
     `taints` None (an API server without device taints): devices whose own or whose GPU's UUID is in
     `unhealthy` are left out. Otherwise every device is published, with its taints from `taints` (by
@@ -58,12 +62,19 @@ def desired_slices(
         size = MAX_DEVICES_PER_SLICE
     else:
         shown, size = list(devices), MAX_DEVICES_PER_SLICE_WITH_TAINTS
+    counter_sets = list({d.counter_set.name: d.counter_set for d in devices if d.counter_set}.values())
+    if counter_sets:
+        size = MAX_DEVICES_PER_SLICE_WITH_TAINTS
     chunks = [shown[i : i + size] for i in range(0, len(shown), size)] or [[]]
+    sets = [list(counter_sets[i : i + MAX_COUNTER_SETS_PER_SLICE])
+            for i in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE)]
+    count = len(sets) + len(chunks)
     marks = taints or {}
-    return [
-        _slice(node, node_uid, driver, i, len(chunks), generation, chunk, marks)
-        for i, chunk in enumerate(chunks)
-    ]
+    out = [_slice(node, node_uid, driver, i, count, generation, [], marks, chunk)
+           for i, chunk in enumerate(sets)]
+    out += [_slice(node, node_uid, driver, len(sets) + i, count, generation, chunk, marks)
+            for i, chunk in enumerate(chunks)]
+    return out
 
 
 def slice_taints_of(obj: Mapping[str, Any]) -> dict[str, list[Any]]:
@@ -75,7 +86,7 @@ def slice_taints_of(obj: Mapping[str, Any]) -> dict[str, list[Any]]:
 
 def _slice(
     node: str, node_uid: str, driver: str, index: int, count: int, generation: int, devices: list[DraDevice],
-    taints: Mapping[str, Sequence[Mapping[str, Any]]],
+    taints: Mapping[str, Sequence[Mapping[str, Any]]], counter_sets: Sequence[CounterSet] = (),
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": slice_name(node, driver, index)}
     if node_uid:
@@ -91,9 +102,15 @@ def _slice(
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
-            "devices": [_device(d, taints.get(d.name, ())) for d in devices],
+            **({"sharedCounters": [_counter_set(c) for c in counter_sets]} if counter_sets
+               else {"devices": [_device(d, taints.get(d.name, ())) for d in devices]}),
         },
     }
+
+
+def _counter_set(counter_set: CounterSet) -> dict[str, Any]:
+    return {"name": counter_set.name,
+            "counters": {k: {"value": str(v)} for k, v in counter_set.counters.items()}}
 
 
 def _device(device: DraDevice, taints: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
@@ -115,6 +132,9 @@ def _device(device: DraDevice, taints: Sequence[Mapping[str, Any]] = ()) -> dict
         }
     if capacity:
         out["capacity"] = capacity
+    if device.consumes and device.counter_set is not None:
+        out["consumesCounters"] = [{"counterSet": device.counter_set.name,
+                                    "counters": {k: {"value": str(v)} for k, v in device.consumes.items()}}]
     if taints:
         out["taints"] = [dict(t) for t in taints]
     return out

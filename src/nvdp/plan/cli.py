@@ -46,7 +46,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--mig-strategy",
-        choices=("none", "single", "mixed"),
+        choices=("none", "single", "mixed", "dynamic"),
         help="override flags.migStrategy from the config",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -152,6 +152,10 @@ def allocate_base(config: Config, inventory: Inventory) -> BaseAllocation:
     for gpu in gpus:
         if not gpu.mig_enabled:
             _add_full_gpu(out, gpu, gpu_patterns)
+        elif strategy == "dynamic":
+            # The DRA plugin makes MIG devices when claims are prepared (nvdp.dra.partitions): the
+            # plan names no device of a MIG-capable GPU ahead of them.
+            continue
         elif not gpu.mig_devices:
             # Only reachable under mixed (single raised above): NVIDIA warns and skips it.
             out.exclude(

@@ -43,7 +43,7 @@ def default_gpu_patterns() -> tuple[ResourcePattern, ...]:
 def default_mig_patterns(strategy: MigStrategy, profiles: Iterable[str]) -> tuple[ResourcePattern, ...]:
     if strategy == "single":
         return (ResourcePattern("*", GPU_RESOURCE),)
-    if strategy == "mixed":
+    if strategy in ("mixed", "dynamic"):
         return tuple(
             ResourcePattern(p, mig_resource_name(p))
             for p in sorted(set(profiles))
