@@ -61,6 +61,8 @@ REASONS: Mapping[str, Reason] = MappingProxyType({
     "MPSDaemonReady": Reason(_DP, "the MPS control daemon answers after a wait"),
     # The DRA plugin (nvdp.dra)
     "CheckpointSetAside": Reason(_DRA, "an unreadable checkpoint was set aside and rebuilt"),
+    "ForeignMigDevices": Reason(
+        _DRA, "migStrategy dynamic: MIG devices nvdp did not make are kept and their placements unpublished"),
     "ResourceSlicePublishFailed": Reason(_DRA, "the node's ResourceSlices cannot be published"),
     "DeviceTaintsUnsupported": Reason(
         _DRA, "the API server drops device taints: down GPUs leave the pool instead of being tainted"),

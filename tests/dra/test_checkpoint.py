@@ -77,6 +77,7 @@ def test_the_file_layout(tmp_path: Path) -> None:
         "devices": [{"request_names": ["gpu"], "pool": "node-a", "device": "gpu-0",
                      "cdi_ids": ["k8s.gpu.nvidia.com/claim=uid-1-gpu-0"]}],
         "share": {},  # what its sharing needs on the node: nothing
+        "instances": [],  # migStrategy dynamic: the MIG devices made for it
     }
     assert path.read_bytes() == encode_checkpoint(CLAIMS)
 

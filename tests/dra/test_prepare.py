@@ -17,6 +17,7 @@ from nvdp.dra.claims import ClaimProblem, check_claim, our_results
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.server import ClaimRef
 from nvdp.dra.state import COMPLETED, ClaimPreparer, NodeView
+from nvdp.inventory.model import MigDevice
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
@@ -45,14 +46,16 @@ class Specs:
     def __init__(self) -> None:
         self.files: dict[str, list[str]] = {}
         self.edits: dict[str, ContainerEdits | None] = {}
+        self.made: dict[str, dict[str, str]] = {}
         self.fail = False
 
-    def write(self, claim_uid: str, devices: Sequence[DraDevice], extra: ContainerEdits | None = None
-              ) -> dict[str, str]:
+    def write(self, claim_uid: str, devices: Sequence[DraDevice], extra: ContainerEdits | None = None,
+              made: Mapping[str, MigDevice] | None = None) -> dict[str, str]:
         if self.fail:
             raise OSError("read-only file system")
         self.files[claim_uid] = [d.name for d in devices]
         self.edits[claim_uid] = extra
+        self.made[claim_uid] = {name: mig.uuid for name, mig in (made or {}).items()}
         return {d.name: f"k8s.gpu.nvidia.com/claim={claim_uid}-{d.name}" for d in devices}
 
     def remove(self, claim_uid: str) -> None:

@@ -17,13 +17,14 @@ DEVICE_UNHEALTHY = "device_unhealthy"  # a device of the claim is unhealthy
 DEVICE_BUSY = "device_busy"  # a device is held by another claim, or its GPU is shared another way
 SHARING_SETUP = "sharing_setup"  # the time slice or the MPS daemon could not be set up
 CDI_WRITE = "cdi_write"  # the claim's CDI spec could not be written
+MIG_CREATE = "mig_create"  # migStrategy dynamic: NVML did not make the claim's MIG device
 INTERNAL = "internal"  # anything else: the driver failed or gave no answer
 
 # Unprepare: the driver answered the claim with an error (its CDI spec could not be removed, the lock).
 UNPREPARE_DEVICES = "unprepare_devices"
 
 PREPARE_CAUSES = (LOCK_ACQUIRE, API_ERROR, CLAIM_NOT_FOUND, INVALID_CLAIM, INVALID_CONFIG, DEVICE_UNHEALTHY,
-                  DEVICE_BUSY, SHARING_SETUP, CDI_WRITE, INTERNAL)
+                  DEVICE_BUSY, SHARING_SETUP, CDI_WRITE, MIG_CREATE, INTERNAL)
 UNPREPARE_CAUSES = (UNPREPARE_DEVICES, INTERNAL)
 
 

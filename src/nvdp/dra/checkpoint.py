@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from nvdp.dra.instances import MadeInstance
 from nvdp.dra.server import PreparedDevice
 from nvdp.dra.sharing import ClaimShare
 
@@ -45,6 +46,8 @@ class ClaimEntry(Struct, frozen=True):
     devices: tuple[PreparedDevice, ...] = ()
     # Its sharing (MPS daemon, client limits, intervals); absent in files of plugins before sharing.
     share: ClaimShare = ClaimShare()
+    # migStrategy dynamic: the MIG devices made for it, recorded as each is made (nvdp.dra.instances).
+    instances: tuple[MadeInstance, ...] = ()
 
 
 class Loaded(Struct, frozen=True):
@@ -158,6 +161,17 @@ def load_checkpoint(path: str) -> Loaded:
         else:
             where = f"it was set aside as {aside}"
         return Loaded(claims={}, set_aside=aside, problem=f"{what}; {where}; {_REBUILT}")
+
+
+def made_instance_uuids(path: str) -> frozenset[str]:
+    """The UUIDs of the MIG devices the checkpoint's claims own (migStrategy dynamic), read without
+    setting a bad file aside (the preparer's start does that): empty when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            claims = _parse(f.read())
+    except (OSError, _Untrusted):
+        return frozenset()
+    return frozenset(m.mig.uuid for entry in claims.values() for m in entry.instances)
 
 
 def encode_checkpoint(claims: Mapping[str, ClaimEntry]) -> bytes:

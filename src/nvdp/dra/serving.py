@@ -17,6 +17,7 @@ from nvdp.dra.devices import DraDevice
 from nvdp.inventory.model import Inventory
 
 if TYPE_CHECKING:
+    from nvdp.dra.instances import ClaimInstances
     from nvdp.dra.mps import ClaimMps
     from nvdp.dra.sharing import NodeSharing
     from nvdp.nodeconfig import Chosen
@@ -32,8 +33,10 @@ class Serving(Struct, frozen=True):
     specs: ClaimSpecWriter
 
 
-def prepare(config: Config, chosen: Chosen | None, cdi_root: str, log: logging.Logger) -> Serving:
-    """GPUs, devices and CDI facts for a loaded config; StartupError / NvmlMissing, changing nothing."""
+def prepare(config: Config, chosen: Chosen | None, cdi_root: str, log: logging.Logger,
+            owned: frozenset[str] = frozenset()) -> Serving:
+    """GPUs, devices and CDI facts for a loaded config; StartupError / NvmlMissing, changing nothing.
+    `owned`: the MIG devices the plugin made for its claims (migStrategy dynamic; its checkpoint)."""
     from nvdp.cdi.errors import CdiError
     from nvdp.cdi.host import discover_host
     from nvdp.daemon.imex import channels_on_node
@@ -52,7 +55,7 @@ def prepare(config: Config, chosen: Chosen | None, cdi_root: str, log: logging.L
     for warning in facts.warnings:
         log.warning("CDI: %s", warning)
     try:
-        devices = by_name(pool_devices(config, inventory))
+        devices = by_name(pool_devices(config, inventory, owned))
     except PlanError as err:
         raise StartupError(f"invalid config for this node's GPUs: {err}") from None
     return Serving(config, inventory, devices, ClaimSpecWriter(cdi_root, config, inventory, facts))
@@ -82,3 +85,39 @@ def node_sharing(client: Any, serving: Serving, env: Mapping[str, str], driver: 
         modes_factory=partial(NvmlComputeModes, config.flags.plugin.container_driver_root),
         log=log, recorder=recorder)
     return NodeSharing(driver=driver, mps=mps, log=log, no_mps_reason="", warner=warner), mps
+
+
+def claim_instances(serving: Serving | None, client: Any, driver: str, log: logging.Logger) -> ClaimInstances:
+    """The MIG devices made for claims (migStrategy dynamic), through NVML on the config's driver, their
+    UUIDs written into the claims' status."""
+    from nvdp.dra.instances import ClaimInstances
+    from nvdp.inventory.mig_control import MigControl
+    from nvdp.kube import apply_device_status
+
+    assert serving is not None
+    flags = serving.config.flags
+
+    def status(namespace: str, name: str, entries: list[dict[str, Any]]) -> None:
+        apply_device_status(client, namespace, name, driver=driver, devices=entries)
+
+    return ClaimInstances(MigControl(flags.nvidia_driver_root, flags.plugin.container_driver_root), log,
+                          status)
+
+
+def foreign_report(serving: Serving, checkpoint: str) -> tuple[frozenset[str], str]:
+    """migStrategy dynamic: the MIG devices the plugin did not make (by its checkpoint), and the
+    Warning Event's message about them ("" when there are none)."""
+    from nvdp.dra.checkpoint import made_instance_uuids
+    from nvdp.dra.pool import foreign_instances
+
+    if serving.config.flags.mig_strategy != "dynamic":
+        return frozenset(), ""
+    foreign = foreign_instances(serving.inventory, made_instance_uuids(checkpoint))
+    seen = frozenset(m.uuid for migs in foreign.values() for m in migs)
+    if not seen:
+        return seen, ""
+    listed = "; ".join(f"GPU {gpu}: {', '.join(f'{m.profile} {m.uuid}' for m in migs)}"
+                       for gpu, migs in foreign.items())
+    return seen, (f"MIG devices the DRA plugin did not make are kept and their placements are not "
+                  f"published ({listed}); delete them (nvidia-smi mig -dci / -dgi) to publish those "
+                  "placements again")

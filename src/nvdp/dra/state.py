@@ -45,6 +45,7 @@ from nvdp.dra.causes import API_ERROR, CDI_WRITE, DEVICE_BUSY, DEVICE_UNHEALTHY,
 from nvdp.dra.checkpoint import ClaimEntry, load_checkpoint, save_checkpoint
 from nvdp.dra.claims import Allocated, ClaimProblem, check_claim, describe
 from nvdp.dra.devices import DraDevice
+from nvdp.dra.instances import ClaimInstances, MadeInstance
 from nvdp.dra.rebuild import (
     holders_on,
     in_use_here,
@@ -55,6 +56,7 @@ from nvdp.dra.rebuild import (
 from nvdp.dra.server import ClaimRef, PreparedDevice, PrepareResult
 from nvdp.dra.sharing import ClaimShare, NodeSharing
 from nvdp.dra.taints import Taint, tolerated
+from nvdp.inventory.model import MigDevice
 from nvdp.kube.claims import UnreadableClaim
 
 STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
@@ -69,10 +71,10 @@ ListClaims = Callable[[], "Sequence[Mapping[str, Any]]"]  # a ClaimListing says 
 class ClaimSpecs(Protocol):
     """The per-claim CDI specs on disk."""
 
-    def write(self, claim_uid: str, devices: Sequence[DraDevice], extra: ContainerEdits | None = None
-              ) -> dict[str, str]:
-        """Write the claim's spec (`extra`: edits for all its containers); the qualified CDI name of
-        each device, by device name."""
+    def write(self, claim_uid: str, devices: Sequence[DraDevice], extra: ContainerEdits | None = None,
+              made: Mapping[str, MigDevice] | None = None) -> dict[str, str]:
+        """Write the claim's spec (`extra`: edits for all its containers; `made`: the MIG devices made
+        for its placement devices, by device name); the qualified CDI name of each device, by name."""
 
     def remove(self, claim_uid: str) -> None: ...
 
@@ -107,8 +109,9 @@ class NodeView(Struct, frozen=True):
 class ClaimPreparer:
     def __init__(self, *, driver: str, pool: str, checkpoint_path: str, lock_path: str, specs: ClaimSpecs,
                  get_claim: GetClaim, view: Callable[[], NodeView], log: logging.Logger,
-                 sharing: NodeSharing | None = None) -> None:
+                 sharing: NodeSharing | None = None, instances: ClaimInstances | None = None) -> None:
         self.driver = driver
+        self._instances = instances or ClaimInstances(None, log)
         self._sharing = sharing or NodeSharing(driver=driver, mps=None, log=log,
                                                no_mps_reason="this plugin was started without MPS")
         self.pool = pool
@@ -137,7 +140,11 @@ class ClaimPreparer:
                     self._log.info("Rolling back %s, left half prepared", describe(entry.namespace,
                                                                                    entry.name, uid))
                     self._specs.remove(uid)
-                    del self._claims[uid]
+                    left = self._instances.destroy(entry.instances)
+                    if left:
+                        self._log.error("Cannot destroy the MIG devices of %s: %s", uid, left)
+                    else:
+                        del self._claims[uid]
             self._release_gone()
             listed = None
             if list_claims is not None and (loaded.problem is not None or self._stray_specs()):
@@ -154,6 +161,10 @@ class ClaimPreparer:
     def _release_gone(self, uids: Sequence[str] | None = None) -> bool:
         """Release the prepared claims (all, or `uids`) the API server answers are gone; True if any."""
         def release(uid: str) -> None:
+            entry = self._claims.get(uid)
+            left = self._instances.destroy(entry.instances) if entry is not None else ""
+            if left:
+                raise RuntimeError(left)
             self._specs.remove(uid)
             self._sharing.release(uid)
 
@@ -237,10 +248,15 @@ class ClaimPreparer:
         what = describe(ref.namespace, ref.name, ref.uid)
         entry = self._claims.get(ref.uid)
         if entry is not None and entry.state == COMPLETED:
-            if not self._specs.exists(ref.uid):  # a reboot emptied the spec folder
+            try:
+                remade = self._remade(entry, what)
+            except ClaimProblem as err:
+                return PrepareResult(error=str(err), cause=err.cause)
+            if remade is not entry or not self._specs.exists(ref.uid):  # a reboot emptied the spec folder
                 self._log.info("Writing the CDI spec of %s again (its file is gone)", what)
-                self._specs.write(ref.uid, self._devices_of(entry), self._sharing.edits(entry.share))
-            return PrepareResult(devices=entry.devices)
+                self._specs.write(ref.uid, self._devices_of(remade), self._sharing.edits(remade.share),
+                                  _made(remade.instances))
+            return PrepareResult(devices=remade.devices)
         view = self._view()
         try:
             claim = self._read_claim(ref.namespace, ref.name)
@@ -261,15 +277,24 @@ class ClaimPreparer:
         self._save()
         try:
             extra = self._sharing.apply(ref.uid, share)
-            devices = self._write_spec(ref.uid, results, view, extra)
+            made = self._instances.make(what, self._claimed(results, view), (),
+                                        lambda now: self._record(ref.uid, now))
+            devices = self._write_spec(ref.uid, results, view, extra, made)
         except Exception as err:
-            del self._claims[ref.uid]
             self._specs.remove(ref.uid)
             self._sharing.release(ref.uid)
+            left = self._instances.destroy(self._claims[ref.uid].instances)  # as recorded: all it made
+            if left:  # kept: the start's rollback (or the kubelet's retry) destroys them
+                self._log.error("Cannot destroy the MIG devices of %s after a failed prepare: %s", what, left)
+            else:
+                del self._claims[ref.uid]
             self._save()
             self._log.error("Cannot prepare %s: %s", what, err)
-            return PrepareResult(error=f"cannot prepare {what}: {err}", cause=cause_of(err, CDI_WRITE))
+            text = str(err) if isinstance(err, ClaimProblem) else f"cannot prepare {what}: {err}"
+            return PrepareResult(error=text, cause=cause_of(err, CDI_WRITE))
+        started = self._claims[ref.uid]
         self._claims[ref.uid] = replace(started, state=COMPLETED, devices=devices, share=share)
+        self._instances.report(ref.namespace, ref.name, self.driver, self.pool, started.instances)
         self._save()
         self._log.info("Prepared %s: %s", what, ", ".join(f"{d.device} -> {', '.join(d.cdi_ids)}"
                                                            for d in devices) or "no device of this driver")
@@ -318,9 +343,11 @@ class ClaimPreparer:
         return [view.devices[name] for name in dict.fromkeys(r.device for r in results if not r.admin_access)]
 
     def _write_spec(self, uid: str, results: Sequence[Allocated], view: NodeView,
-                    extra: ContainerEdits | None = None) -> tuple[PreparedDevice, ...]:
+                    extra: ContainerEdits | None = None, made: Sequence[MadeInstance] = ()
+                    ) -> tuple[PreparedDevice, ...]:
         unique = list(dict.fromkeys(r.device for r in results))
-        names = self._specs.write(uid, [view.devices[d] for d in unique], extra) if unique else {}
+        names = (self._specs.write(uid, [view.devices[d] for d in unique], extra, _made(made))
+                 if unique else {})
         return tuple(PreparedDevice(request_names=(r.request,), pool=r.pool, device=r.device,
                                     cdi_ids=(names[r.device],), admin_access=r.admin_access)
                      for r in results)
@@ -334,9 +361,31 @@ class ClaimPreparer:
                                f"{', '.join(missing)} are no longer on this node")
         return [view.devices[n] for n in names]
 
+    def _record(self, uid: str, made: tuple[MadeInstance, ...]) -> None:
+        """The MIG devices made for a claim so far, saved at once: the checkpoint owns them."""
+        self._claims[uid] = replace(self._claims[uid], instances=made)
+        self._save()
+
+    def _remade(self, entry: ClaimEntry, what: str) -> ClaimEntry:
+        """A prepared claim whose MIG devices are gone (a reboot) gets them made again; else `entry`."""
+        if not entry.instances:
+            return entry
+        devices = [d for d in self._devices_of(entry) if d.placement is not None]
+        made = self._instances.make(what, devices, entry.instances, lambda now: self._record(entry.uid, now))
+        if made == entry.instances:
+            return entry
+        self._claims[entry.uid] = replace(self._claims[entry.uid], instances=made)
+        self._save()
+        return self._claims[entry.uid]
+
     def _unprepare_one(self, ref: ClaimRef) -> str:
         what = describe(ref.namespace, ref.name, ref.uid)
         entry = self._claims.pop(ref.uid, None)
+        if entry is not None and entry.instances:
+            left = self._instances.destroy(entry.instances)
+            if left:
+                self._claims[ref.uid] = entry
+                return f"cannot destroy the MIG devices of {what}: {left}; the kubelet retries"
         if entry is None:
             self._log.warning("Unprepare of %s, which this plugin has not prepared: nothing to undo", what)
             self._specs.remove(ref.uid)  # a spec left by a crash, if any
@@ -379,3 +428,7 @@ class ClaimPreparer:
                 os.close(fd)  # closing releases the flock
         finally:
             self._lock.release()
+
+
+def _made(made: Sequence[MadeInstance]) -> dict[str, MigDevice]:
+    return {m.device: m.mig for m in made}

@@ -74,6 +74,7 @@ class DraWork(DaemonWork):
         self.informational = InformationalXids()
         self.unmonitored: set[str] = set()
         self.not_serving_reason: str | None = "starting"
+        self._foreign_reported: frozenset[str] = frozenset()
         self._lock = threading.Lock()  # the serving state, shared with the health and gRPC threads
         # The node's mode (nvdp.mode): slices only in "dra" mode, once the device plugin has withdrawn.
         self.mode: ModeHandover | None = None
@@ -89,7 +90,10 @@ class DraWork(DaemonWork):
 
     def prepare(self, chosen: Chosen | None) -> Serving:
         """Config, GPUs, devices and CDI facts; StartupError / NvmlMissing, changing nothing."""
-        return prepare(self.load(chosen), chosen, self.args.cdi_root, self.log)
+        from nvdp.dra.checkpoint import made_instance_uuids
+
+        owned = made_instance_uuids(os.path.join(self.plugin_dir, CHECKPOINT_FILE))
+        return prepare(self.load(chosen), chosen, self.args.cdi_root, self.log, owned)
 
     def mode_of(self, chosen: Chosen | None) -> Mode:
         """The mode `chosen` puts the node in (its config read once more, before anything is read from
@@ -124,6 +128,7 @@ class DraWork(DaemonWork):
         for warning in pool_warnings(serving.config, serving.inventory, mode, default_is=default_is,
                                      default_fix=default_fix):
             self.log.warning("%s", warning)
+        self.report_foreign(serving)
         if mode == "dra":
             self.slices.withdrawn = False
         handover.enter(mode)
@@ -135,6 +140,15 @@ class DraWork(DaemonWork):
         self.start_health()
         self.recorder.config_applied(serving.config.source, f"devices {names}", True, time.time(),
                                      notify=self.skeleton.node_config is None)
+
+    def report_foreign(self, serving: Serving) -> None:
+        """migStrategy dynamic: one Warning Event when MIG devices nvdp did not make hold placements."""
+        from nvdp.dra.serving import foreign_report
+
+        seen, message = foreign_report(serving, os.path.join(self.plugin_dir, CHECKPOINT_FILE))
+        if message and seen != self._foreign_reported:
+            self.recorder.event("ForeignMigDevices", message)
+        self._foreign_reported = seen
 
     def wanted(self) -> tuple[Sequence[DraDevice], frozenset[str], Mapping[str, DeviceHealth]] | None:
         with self._lock:
@@ -204,6 +218,7 @@ class DraWork(DaemonWork):
         from nvdp.dra.health_service import HealthFeed
         from nvdp.dra.publish import SlicePublisher
         from nvdp.dra.server import DraServer
+        from nvdp.dra.serving import claim_instances
         from nvdp.dra.state import ClaimPreparer
         from nvdp.kube import get_claim, list_claims
 
@@ -219,7 +234,8 @@ class DraWork(DaemonWork):
             checkpoint_path=os.path.join(self.plugin_dir, CHECKPOINT_FILE),
             lock_path=os.path.join(self.plugin_dir, LOCK_FILE),
             specs=CurrentSpecs(self._writer), get_claim=lambda ns, name: get_claim(client, ns, name),
-            view=self.view, log=self.log, sharing=self.node_sharing(client))
+            view=self.view, log=self.log, sharing=self.node_sharing(client),
+            instances=claim_instances(self.serving, client, self.driver, self.log))
         problem = self.preparer.restore(lambda: list_claims(client))
         if problem is not None:
             self.recorder.event("CheckpointSetAside", problem)

@@ -210,7 +210,7 @@ def _read_gpu(index: int, uuid: str, handle: Any) -> Gpu:
         numa_node=numa_node(bus_id),
         mig_capable=mig_capable,
         mig_enabled=mig_enabled,
-        mig_devices=_read_mig_devices(index, uuid, handle) if mig_enabled else (),
+        mig_devices=read_mig_devices(index, uuid, handle) if mig_enabled else (),
         fabric=_fabric(handle),
         brand=_brand(handle),
         architecture=_architecture(handle, cc),
@@ -284,7 +284,7 @@ def _mig_mode(handle: Any) -> tuple[bool, bool]:
     return True, current == pynvml.NVML_DEVICE_MIG_ENABLE
 
 
-def _read_mig_devices(parent_index: int, parent_uuid: str, handle: Any) -> tuple[MigDevice, ...]:
+def read_mig_devices(parent_index: int, parent_uuid: str, handle: Any) -> tuple[MigDevice, ...]:
     devices: list[MigDevice] = []
     for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
         try:

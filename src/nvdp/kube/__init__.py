@@ -9,7 +9,7 @@ package sees plain dicts and strings, never client objects.
 
 from lightkube import Client as KubeClient
 
-from nvdp.kube.claims import get_claim, list_claims
+from nvdp.kube.claims import apply_device_status, get_claim, list_claims
 from nvdp.kube.connect import KubeConnectError, NoApiAccess, connect
 from nvdp.kube.errors import ApiFailure, classify, server_address
 from nvdp.kube.events import EventRecorder, record_claim_event
@@ -44,6 +44,7 @@ __all__ = [
     "NodeWatcher",
     "SliceEvent",
     "SliceWatcher",
+    "apply_device_status",
     "classify",
     "connect",
     "create_slice",

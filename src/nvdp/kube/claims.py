@@ -161,3 +161,23 @@ def _field(path: Path) -> str:
         if part in _FREE_FORM:
             return field_name(path[:i + 1])
     return field_name(path[:10]) + (" (and below)" if len(path) > 10 else "")
+
+
+def apply_device_status(client: Client, namespace: str, name: str, *, driver: str,
+                        devices: list[dict[str, Any]]) -> None:
+    """Set this driver's entries of a claim's `status.devices` (KEP-4817) by server-side apply, field
+    manager `<driver>`: entries of other drivers are left as they are, and an empty `devices` removes
+    this driver's. Each entry names `driver`, `pool`, `device` and carries `data` (free-form JSON).
+    Raises lightkube's ApiError (404: the claim is gone)."""
+    from lightkube.core.generic_client import BasicRequest
+
+    generic = client._client
+    body = {"apiVersion": CLAIM_API_VERSION, "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace}, "status": {"devices": devices}}
+    request = BasicRequest(
+        method="PATCH",
+        url=f"apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status",
+        params={"fieldManager": driver, "force": "true"}, data=body,
+        headers={"Content-Type": "application/apply-patch+yaml"})
+    response = generic.send(generic.build_adapter_request(request))
+    generic.raise_for_status(response)  # type: ignore[no-untyped-call]
