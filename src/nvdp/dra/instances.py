@@ -38,6 +38,8 @@ class InstanceControl(Protocol):
 
     def live(self, gpu_uuid: str) -> tuple[MigDevice, ...]: ...
 
+    def set_mig_mode(self, gpu_uuid: str, on: bool) -> bool: ...
+
     def create(self, gpu_uuid: str, gi_profile_id: int, start: int, size: int, profile: str) -> MigDevice: ...
 
     def destroy(self, gpu_uuid: str, gi_id: int, ci_id: int) -> None: ...
@@ -88,13 +90,28 @@ class ClaimInstances:
         others made now. Each one made is passed to `progress` at once (with all before it). A failure
         destroys what this call made and raises ClaimProblem with NVML's answer and the fix."""
         wanted = [d for d in devices if d.placement is not None]
-        if not wanted:
+        whole = [d for d in devices if d.placement is None and d.counter_set is not None]
+        if not wanted and not whole:
             return ()
         if self._control is None:
+            if not wanted:
+                return ()
             raise ClaimProblem(f"{what}: device {wanted[0].name} is a MIG placement, but this plugin "
                                "does not make MIG devices (migStrategy is not dynamic in its config); the "
                                "plugin republishes its devices, and the claim is allocated again", MIG_CREATE)
         control = self._control
+        try:
+            # A GPU published both whole and in MIG placements (Hopper and later) is switched to the
+            # mode the claim needs; the counters keep a whole GPU and its placements from being
+            # allocated together, so no other claim's device is on it then.
+            for gpu in dict.fromkeys(d.gpu_uuid for d in whole):
+                if control.set_mig_mode(gpu, False):
+                    self._log.info("%s: turned MIG mode off on GPU %s for the whole GPU", what, gpu)
+            for gpu in dict.fromkeys(d.gpu_uuid for d in wanted):
+                if control.set_mig_mode(gpu, True):
+                    self._log.info("%s: turned MIG mode on on GPU %s for its MIG devices", what, gpu)
+        except Exception as err:
+            raise ClaimProblem(f"{what}: {err}", MIG_CREATE) from None
         kept = {m.device: m for m in have}
         live_by_gpu: dict[str, frozenset[str]] = {}
         out: list[MadeInstance] = []

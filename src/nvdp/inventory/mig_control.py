@@ -51,6 +51,36 @@ class MigControl:
             except pynvml.NVMLError as e:
                 raise self._error(gpu_uuid, "list the MIG devices", e) from None
 
+    def set_mig_mode(self, gpu_uuid: str, on: bool) -> bool:
+        """Switch the GPU's MIG mode (Hopper and later switch at once); True when it was switched, False
+        when it already was so. Refused while a process runs on the GPU, and when the switch is left
+        pending (a GPU that needs a reset for it: Ampere)."""
+        wanted = pynvml.NVML_DEVICE_MIG_ENABLE if on else pynvml.NVML_DEVICE_MIG_DISABLE
+        what = "turn MIG mode " + ("on" if on else "off")
+        with self._session:
+            handle, _ = self._gpu(gpu_uuid)
+            try:
+                current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+                if current == wanted:
+                    return False
+                running = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except pynvml.NVMLError as e:
+                raise self._error(gpu_uuid, what, e) from None
+            if running:
+                pids = ", ".join(str(p.pid) for p in running)
+                raise MigControlError(f"GPU {gpu_uuid}: cannot {what}: processes {pids} run on it; it is "
+                                      "switched once they end (the kubelet retries the prepare)")
+            try:
+                pynvml.nvmlDeviceSetMigMode(handle, wanted)
+                current, pending = pynvml.nvmlDeviceGetMigMode(handle)
+            except pynvml.NVMLError as e:
+                raise self._error(gpu_uuid, what, e) from None
+            if current != wanted:
+                raise MigControlError(f"GPU {gpu_uuid}: cannot {what} without a GPU reset (the switch is "
+                                      f"pending: current {current}, pending {pending}); reset the GPU "
+                                      f"(nvidia-smi -r) with no process on it, or keep its MIG mode fixed")
+            return True
+
     def create(self, gpu_uuid: str, gi_profile_id: int, start: int, size: int, profile: str) -> MigDevice:
         """Make a GPU instance of `gi_profile_id` at (`start`, `size`) and one compute instance over it;
         the new MIG device. Nothing is left behind when it fails."""
