@@ -100,6 +100,22 @@ def test_mig_caps_stat_the_host_node_or_describe_it_from_proc(tmp_path: Path) ->
     assert warnings == []
 
 
+def test_made_on_demand_covers_every_instance_mig_minors_lists_for_mig_capable_gpus(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    lines = ["config 1", "monitor 2"] + [
+        f"gpu{g}/gi{i}/access {g * 100 + i * 9}" for g in (0, 1) for i in range(1, 15)] + [
+        f"gpu{g}/gi{i}/ci{c}/access {g * 100 + i * 9 + c + 1}" for g in (0, 1) for i in range(1, 15)
+        for c in range(8)]
+    proc_tree(proc, "\n".join(lines) + "\n")
+    capable = Gpu(index=0, uuid="GPU-0", name="NVIDIA H100 80GB HBM3", memory_bytes=1, compute_capability=(9, 0),
+                  minor=0, pci_bus_id="00000000:18:00.0", mig_capable=True)
+    inventory = Inventory(driver_version="1", cuda_driver_version="1", gpus=(capable, gpu(1)))
+    assert nodes.mig_caps(roots(tmp_path / "root"), inventory, str(proc), []) == {}  # nothing made yet
+    caps = nodes.mig_caps(roots(tmp_path / "root"), inventory, str(proc), [], made_on_demand=True)
+    assert len(caps) == 14 * 9 and all(key.startswith("gpu0/") for key in caps)  # not GPU 1: not capable
+    assert caps["gpu0/gi9/ci0/access"] == Node("/dev/nvidia-caps/nvidia-cap82", type="c", major=237, minor=82)
+
+
 def test_mig_minors_missing_falls_back_to_the_capability_files(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     proc_tree(proc, None, {"gpu0/gi7/access": "DeviceFileMinor: 66\nDeviceFileMode: 292\n",

@@ -140,8 +140,11 @@ def _capability_file(proc_root: str, key: str) -> tuple[int | None, int | None]:
     return (int(minor) if minor else None), (int(mode) if mode else None)
 
 
-def mig_caps(roots: Roots, inventory: Inventory, proc_root: str, warnings: list[str]) -> dict[str, Node]:
-    """The GI and CI capability nodes of every MIG device, by mig-minors name.
+def mig_caps(roots: Roots, inventory: Inventory, proc_root: str, warnings: list[str], *,
+             made_on_demand: bool = False) -> dict[str, Node]:
+    """The GI and CI capability nodes of every MIG device, by mig-minors name. `made_on_demand`
+    (migStrategy dynamic): of every GPU instance and compute instance mig-minors lists for the
+    MIG-capable GPUs, as NVML numbers a MIG device only when a claim's prepare makes it.
 
     The minor comes from mig-minors, else from the capability's own /proc file. The host node is
     stat'ed when it exists (NVIDIA's form); else the node is described from /proc (type c, the
@@ -149,7 +152,8 @@ def mig_caps(roots: Roots, inventory: Inventory, proc_root: str, warnings: list[
     """
     keys = [k for g in inventory.gpus if g.mig_enabled for m in g.mig_devices
             for k in mig_cap_keys(g.minor, m.gi_id, m.ci_id)]
-    if not keys:
+    capable = [g.minor for g in inventory.gpus if g.mig_capable] if made_on_demand else []
+    if not keys and not capable:
         return {}
     minors_file = proc_root.rstrip("/") + MIG_MINORS_FILE.removeprefix("/proc")
     try:
@@ -158,6 +162,8 @@ def mig_caps(roots: Roots, inventory: Inventory, proc_root: str, warnings: list[
         warnings.append(f"{minors_file} not read ({err}); MIG capability minors from "
                         f"{proc_root}/driver/nvidia/capabilities instead")
         minors = {}
+    prefixes = tuple(f"gpu{minor}/gi" for minor in capable)
+    keys += [k for k in minors if prefixes and k.startswith(prefixes)]
     major: int | None = None
     found: dict[str, Node] = {}
     for key in dict.fromkeys(keys):
