@@ -107,7 +107,8 @@ def test_made_on_demand_covers_every_instance_mig_minors_lists_for_mig_capable_g
         f"gpu{g}/gi{i}/ci{c}/access {g * 100 + i * 9 + c + 1}" for g in (0, 1) for i in range(1, 15)
         for c in range(8)]
     proc_tree(proc, "\n".join(lines) + "\n")
-    capable = Gpu(index=0, uuid="GPU-0", name="NVIDIA H100 80GB HBM3", memory_bytes=1, compute_capability=(9, 0),
+    capable = Gpu(index=0, uuid="GPU-0", name="NVIDIA H100 80GB HBM3", memory_bytes=1,
+                  compute_capability=(9, 0),
                   minor=0, pci_bus_id="00000000:18:00.0", mig_capable=True)
     inventory = Inventory(driver_version="1", cuda_driver_version="1", gpus=(capable, gpu(1)))
     assert nodes.mig_caps(roots(tmp_path / "root"), inventory, str(proc), []) == {}  # nothing made yet
