@@ -43,6 +43,8 @@ SIM_ENV = {
     "LD_LIBRARY_PATH": SIM_DIR,
     "NVML_SIM_PROFILE": f"{SIM_DIR}/profile.json",
     "NVML_SIM_STATE_DIR": SIM_STATE_DIR,
+    # The driver's MIG capability files (mig-minors), which a node without the kernel module lacks.
+    "NVDP_PROC_ROOT": f"{SIM_DIR}/proc",
 }
 # Instructions of the final stage this builder reproduces, and those it may ignore because the kit's
 # base does the same thing another way (ARG/FROM: the base; COPY/RUN: installing the wheel; LABEL:
@@ -194,6 +196,9 @@ def add_stand_ins(rootfs: Path, profile: str, cc: str = "gcc") -> None:
          str(NVML_SOURCES / "nvml_sim.c"), str(NVML_SOURCES / "json.c"), "-lpthread"],
         "compiling the stand-in NVML")  # fmt: skip
     profile_as_json(resolve_profile(profile), target / "profile.json")
+    from sim.nvml.procfs import write_proc_tree
+
+    write_proc_tree(target / "proc")
     bin_dir = rootfs / "usr/local/bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     for source in (ROOT / "sim/mps/nvidia-cuda-mps-control", ROOT / "sim/nvidia-smi"):

@@ -31,6 +31,8 @@ __all__ = [
 HOST_HOOK_DIR_ENV = "NVDP_HOST_HOOK_DIR"
 # Where the host's /sys is; the stand-in node points it elsewhere (nvdp.inventory.nvml.SYSFS_ROOT_ENV).
 SYSFS_ROOT_ENV = "NVDP_SYSFS_ROOT"
+# Where the host's /proc is for the MIG capability files; the stand-in images point it at a tree of theirs.
+PROC_ROOT_ENV = "NVDP_PROC_ROOT"
 FIRMWARE_PATH_PARAMETER = "module/firmware_class/parameters/path"
 # The hooks a gpu spec can hold; when all are disabled the hook binary is not needed.
 HOOK_NAMES = ("create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification",
@@ -101,14 +103,16 @@ def check_hook(config: Config, roots: Roots, environ: Mapping[str, str]) -> None
 
 
 def discover_host(config: Config, inventory: Inventory, *, sysfs_root: str | None = None,
-                  proc_root: str = "/proc", environ: Mapping[str, str] | None = None) -> HostFacts:
+                  proc_root: str | None = None, environ: Mapping[str, str] | None = None) -> HostFacts:
     """Everything the specs need from this node, for the GPUs of `inventory`.
 
     `sysfs_root` and `proc_root` let tests point at a tree of their own (default: $NVDP_SYSFS_ROOT or
-    /sys, and /proc); `environ` defaults to the process's.
+    /sys, and $NVDP_PROC_ROOT or /proc: the stand-in node's MIG capability files); `environ` defaults
+    to the process's.
     """
     env = os.environ if environ is None else environ
     sysfs = sysfs_root if sysfs_root is not None else env.get(SYSFS_ROOT_ENV, "/sys")
+    proc_root = proc_root if proc_root is not None else env.get(PROC_ROOT_ENV, "/proc")
     roots = resolve_roots(config)
     tree = Tree(roots.driver_root)
     target = roots.target_driver_root
