@@ -6,10 +6,12 @@
         node.lose_gpu(uuid)                                     # GPU_IS_LOST from then on, plus XID 79
         node.pending_remap(uuid)                                # what a health re-check reads
         node.reset_gpu(uuid)                                    # as after a GPU reset: all of it cleared
+        mig = node.mig_create(gpu_uuid, 9, 4)                   # nvidia-smi mig -cgi 9 -C, through NVML
 
 Run-time state lives in the state directory so that other processes (the plugin, the MPS daemon, a CLI)
 see the same node: `lost/<uuid>` and `unanswering/<uuid>` markers, `compute-mode/<uuid>`, the memory
-health files (README.md), and the append-only `events` file. The library reads them at every call.
+health files (README.md), the append-only `events` file, and the MIG layouts `mig/<uuid>` and modes
+`mig-mode/<uuid>`. The library reads them at every call.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import yaml
 
@@ -221,6 +224,31 @@ def reset_gpu(state_dir: Path, uuid: str) -> None:
         (state_dir / folder / uuid).unlink(missing_ok=True)
 
 
+class MigError(RuntimeError):
+    """NVML refused a MIG change; `code` is its NVML return code (23: insufficient resources, ...)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def reboot(state_dir: Path) -> None:
+    """What a node reboot does to MIG: every GPU and compute instance is gone (they do not survive one)
+    and each GPU is back to the profile's own layout. MIG mode, set with set_mig_mode, persists."""
+    folder = state_dir / "mig"
+    if not folder.is_dir():
+        return
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the library's lock: no change is half made meanwhile
+        for layout in folder.glob("GPU-*"):
+            layout.unlink(missing_ok=True)
+
+
+def write_mig_mode(state_dir: Path, uuid: str, on: bool) -> None:
+    """MIG mode as `nvidia-smi -mig 1|0` followed by a GPU reset leaves it (current and pending alike)."""
+    _write_atomic(state_dir / "mig-mode" / uuid, "1\n" if on else "0\n")
+
+
 def read_compute_mode(state_dir: Path, uuid: str, default: str = "DEFAULT") -> str:
     try:
         return (state_dir / "compute-mode" / uuid).read_text().strip() or default
@@ -291,6 +319,9 @@ class NodeSim:
         for gpu in self.inventory.gpus:
             if uuid == gpu.uuid or any(m.uuid == uuid for m in gpu.mig_devices):
                 return
+        for gpu in self.inventory.gpus:  # a MIG device made while the node runs
+            if gpu.mig_capable and any(m["uuid"] == uuid for m in self.mig_instances(gpu.uuid)):
+                return
         raise ValueError(f"{uuid} is not a GPU or MIG device of node profile {self.profile.name}")
 
     def inject_xid(self, uuid: str, xid: int) -> None:
@@ -344,3 +375,58 @@ class NodeSim:
         """The compute mode last set through NVML by any process ("DEFAULT", "EXCLUSIVE_PROCESS", ...)."""
         self._known(uuid)
         return read_compute_mode(self.state_dir, uuid)
+
+    # MIG instances, changed through the library in a process of their own (sim/nvml/mig.py), as an
+    # admin's `nvidia-smi mig` changes them behind a plugin's back.
+
+    def _mig(self, *args: str) -> Any:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NVML_SIM_")}
+        env.update(self.env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+        done = subprocess.run([sys.executable, "-m", "sim.nvml.mig", *args], env=env, cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=60, check=False)
+        try:
+            answer = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            raise MigError(f"sim.nvml.mig {' '.join(args)} failed: {done.stderr.strip()[-2000:]}") from None
+        if "error" in answer:
+            raise MigError(f"NVML refused {args[0]} on {args[2]}: {answer['error']}", answer.get("code"))
+        return answer["result"]
+
+    def _mig_gpu(self, uuid: str) -> None:
+        gpu = self.inventory.gpu(uuid)
+        if gpu is None or not gpu.mig_capable:
+            raise ValueError(f"{uuid} is not a MIG-capable GPU of node profile {self.profile.name}")
+
+    def mig_create(self, gpu_uuid: str, gi_profile_id: int, start: int) -> str:
+        """A GPU instance of the GI profile at memory slice `start` plus a compute instance spanning it
+        (`nvidia-smi mig -cgi ID -C`); returns the new MIG device's UUID. MigError: NVML refused it."""
+        self._mig_gpu(gpu_uuid)
+        args = ("--gi-profile", str(gi_profile_id), "--start", str(start))
+        return str(self._mig("create", "--uuid", gpu_uuid, *args))
+
+    def mig_destroy(self, gpu_uuid: str, gi_id: int) -> None:
+        """The GPU instance and its compute instances (`nvidia-smi mig -dci -gi ID; mig -dgi -gi ID`)."""
+        self._mig_gpu(gpu_uuid)
+        self._mig("destroy", "--uuid", gpu_uuid, "--gi-id", str(gi_id))
+
+    def mig_instances(self, gpu_uuid: str) -> list[dict[str, Any]]:
+        """The GPU's MIG devices and bare GPU instances: dicts of gi_id, ci_id, gi_profile_id, start, size,
+        uuid, profile (ci_id and uuid None for a GPU instance without a compute instance)."""
+        self._mig_gpu(gpu_uuid)
+        found: list[dict[str, Any]] = self._mig("list", "--uuid", gpu_uuid)
+        return found
+
+    def set_mig_mode(self, gpu_uuid: str, on: bool) -> None:
+        """An admin's `nvidia-smi -mig 1|0` and GPU reset (stand-in only): refused while instances exist."""
+        self._mig_gpu(gpu_uuid)
+        existing = self.mig_instances(gpu_uuid)
+        if existing:
+            raise MigError(
+                f"{gpu_uuid} has {len(existing)} MIG instance(s); destroy them before changing MIG mode"
+            )
+        write_mig_mode(self.state_dir, gpu_uuid, on)
+
+    def reboot(self) -> None:
+        """Every dynamic MIG instance is gone and the profile's static layout is back (reboot above)."""
+        reboot(self.state_dir)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from sim.nvml import (
+    MigError,
+    NodeSim,
     build_library,
     ecc_errors,
     find_gpu,
@@ -15,6 +18,7 @@ from sim.nvml import (
     pending_remap,
     pending_retirement,
     read_compute_mode,
+    reboot,
     recovery_action,
     remap_failure,
     reset_gpu,
@@ -56,7 +60,23 @@ def main(argv: list[str] | None = None) -> int:
         "--action", type=int, required=True, choices=range(8), metavar="0..7"
     )
     sub.add_parser("build", help="compile the stand-in library and print its path")
+    # MIG instances through the library, as nvidia-smi mig makes them (needs the node's profile).
+    mig_create = gpu_command("mig-create", "make a GPU instance at a placement plus its compute instance")
+    mig_create.add_argument("--gi-profile", type=int, required=True, help="GI profile id (mig -lgip)")
+    mig_create.add_argument("--start", type=int, required=True, help="first memory slice of the placement")
+    gpu_command("mig-destroy", "destroy a GPU instance and its compute instances").add_argument(
+        "--gi-id", type=int, required=True
+    )
+    gpu_command("mig-instances", "print a GPU's MIG instances as JSON")
+    mode = gpu_command("set-mig-mode", "turn MIG mode on or off (refused while instances exist)")
+    mode.add_argument("--off", action="store_true")
+    for command in (mig_create, mode, sub.choices["mig-destroy"], sub.choices["mig-instances"]):
+        command.add_argument("--profile", required=True, help="the node profile (name or path)")
+    reboot_help = "drop every MIG instance; the profile's static layout is back"
+    sub.add_parser("reboot", help=reboot_help).add_argument("--state-dir", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.command.startswith("mig-") or args.command == "set-mig-mode":
+        return _mig_command(args)
     if args.command == "inject-xid":
         inject_xid(args.state_dir, args.uuid, args.xid)
     elif args.command == "lose-gpu":
@@ -76,8 +96,27 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(err))
     elif args.command == "recovery-action":
         recovery_action(args.state_dir, args.uuid, args.action)
+    elif args.command == "reboot":
+        reboot(args.state_dir)
     else:
         print(build_library())
+    return 0
+
+
+def _mig_command(args: argparse.Namespace) -> int:
+    node = NodeSim(args.profile, args.state_dir)
+    try:
+        if args.command == "mig-create":
+            print(node.mig_create(args.uuid, args.gi_profile, args.start))
+        elif args.command == "mig-destroy":
+            node.mig_destroy(args.uuid, args.gi_id)
+        elif args.command == "mig-instances":
+            print(json.dumps(node.mig_instances(args.uuid), indent=2))
+        else:
+            node.set_mig_mode(args.uuid, not args.off)
+    except (MigError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -9,7 +9,8 @@
  *   NVML_SIM_STATE_DIR  (created at init if missing) run-time state shared between processes, read at each
  *                       call: lost/<uuid> and unanswering/<uuid> markers, compute-mode/<uuid>, the health
  *                       files (retired-pending/, remap-pending/, remap-failed/, ecc-volatile/, ecc-aggregate/,
- *                       recovery-action/), and the append-only `events` file ("<uuid> <xid>" per line).
+ *                       recovery-action/), the append-only `events` file ("<uuid> <xid>" per line), MIG
+ *                       layouts mig/<uuid> (under the flock of mig/.lock) and MIG modes mig-mode/<uuid>.
  *   NVML_SIM_FAIL_INIT  make nvmlInit fail: driver_not_loaded, lib_rm_version_mismatch, no_permission,
  *                       unknown, or a numeric NVML return code; `hang`: nvmlInit never returns (a hung driver).
  *   NVML_SIM_PYTHON     interpreter used for YAML profiles (default python3).
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -51,6 +53,9 @@ enum {
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_IN_USE = 19,
+    NVML_ERROR_INSUFFICIENT_RESOURCES = 23,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_MEMORY = 20,
     NVML_ERROR_UNKNOWN = 999,
@@ -70,18 +75,84 @@ typedef struct sim_handle {
 } sim_handle;
 typedef sim_handle *nvmlDevice_t;
 
-/* nvmlGpuInstance_t: the GPU instance of a MIG device (the first device listed with that gi_id). */
+/* MIG layout of a GPU: its GPU instances (GIs) and their compute instances (CIs), each CI one MIG device.
+ * This is what the state file mig/<gpu-uuid> holds (sim/nvml/README.md); the profile's static mig_devices
+ * are the layout while there is none. Plain data, zero-filled before use, so layouts compare with memcmp. */
+#define MAX_GI 8
+#define PROFILE_COUNT 17    /* profile indices driver 580 knows: INVALID_ARGUMENT from 17 on */
+#define CI_PROFILE_COUNT 9  /* NVML_COMPUTE_INSTANCE_PROFILE_COUNT */
+#define COMPUTE_SLICES 7
+#define MEMORY_SLICES 8
+#define MAX_PLACEMENTS 8
+
+typedef struct {
+    unsigned long long mem_mib;
+    unsigned id, serial, slices; /* serial: the layout counter when made (0: the profile's) */
+    int profile_index, profile_id; /* -1: not known (a static GI of a size without a profile) */
+    int start, size;               /* placement, in memory slices */
+    char name[36];                 /* GI profile name, "3g.40gb" */
+} lay_gi;
+
+typedef struct {
+    unsigned long long mem_mib;
+    unsigned gi, ci, start, slices; /* start, slices: compute slices within the GI */
+    int profile_id;                 /* NVML_COMPUTE_INSTANCE_PROFILE_* */
+    char uuid[96];
+    char profile[44];               /* the MIG device's profile, "3g.40gb" or "1c.3g.40gb" */
+} lay_ci;
+
+typedef struct {
+    unsigned counter; /* raised by every creation; part of each new MIG device's UUID */
+    int n_gi, n_ci, pad;
+    lay_gi gi[MAX_GI];
+    lay_ci ci[MAX_MIG]; /* in enumeration order (nvmlDeviceGetMigDeviceHandleByIndex) */
+} sim_layout;
+
+/* A GPU-instance profile the GPU supports (the profile's mig_profiles), by NVML profile index. */
+typedef struct {
+    int present;
+    char name[36];
+    unsigned id, slices, instances, sms, ce, dec, enc, jpeg, ofa;
+    unsigned long long mem_mib;
+    int n_place;
+    unsigned place_start[MAX_PLACEMENTS], place_size[MAX_PLACEMENTS];
+} sim_profile;
+
+/* Handles point into slots, so a handle stays valid while its instance lives; a slot is reused only
+ * after every other free slot (oldest-freed first), so a stale handle rarely names a new instance. */
+#define MAX_SLOTS 32
+
+/* nvmlGpuInstance_t */
 typedef struct sim_gi {
     unsigned magic;
-    int gpu, mig;
+    int gpu, slot;
 } sim_gi;
 typedef sim_gi *nvmlGpuInstance_t;
 
+/* nvmlComputeInstance_t */
+typedef struct sim_ci {
+    unsigned magic;
+    int gpu, slot;
+} sim_ci;
+typedef sim_ci *nvmlComputeInstance_t;
+
 typedef struct {
-    sim_handle h;
-    sim_gi gi_handle;
+    sim_gi handle;
+    int live;
+    unsigned long long freed;
+    lay_gi gi;
+} gi_slot;
+
+typedef struct {
+    sim_handle h;      /* h.mig is the slot */
+    sim_ci ci_handle;
+    int live;
+    unsigned long long freed;
+    int index;         /* enumeration index under the GPU */
+    int gi_slot;
+    lay_ci c;
     char uuid[96];
-    char profile[32];
+    char profile[44];
     unsigned gi, ci;
     unsigned long long mem;
     int gi_profile_id; /* -1: unknown, nvmlDeviceGetGpuInstanceById answers NOT_SUPPORTED */
@@ -98,8 +169,16 @@ typedef struct {
     unsigned minor;
     int numa; /* -1: not reported */
     int mig_capable, mig_enabled, mig_pending;
-    int n_mig;
-    sim_mig mig[MAX_MIG];
+    int n_mig;            /* live MIG devices; order[] maps enumeration index to slot */
+    int order[MAX_MIG];
+    sim_mig mig[MAX_SLOTS];
+    gi_slot gis[MAX_SLOTS];
+    sim_profile prof[PROFILE_COUNT];
+    sim_layout static_layout; /* the profile's mig_devices */
+    sim_layout local_layout;  /* without a state dir: this process's layout once changed */
+    int has_local;
+    sim_layout applied;       /* what the slots show */
+    int applied_valid;
     int n_links;
     int link_remote[MAX_LINKS]; /* GPU index, or -1 for an NVSwitch */
     int compute_mode;           /* used when no state dir is set */
@@ -114,7 +193,13 @@ typedef struct {
 
 #define HANDLE_MAGIC 0x4e564d4cu
 #define GI_MAGIC 0x47494e53u
+#define CI_MAGIC 0x43494e53u
 #define EVSET_MAGIC 0x45565354u
+
+/* Serialises MIG layout changes and their application to the slots within the process (recursive: a
+ * change applies the new layout through the same path a read does). */
+static pthread_mutex_t mig_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static unsigned long long free_clock;
 
 static struct {
     pthread_mutex_t lock;
@@ -354,6 +439,105 @@ static void place_mig_devices(sim_gpu *gp) {
     }
 }
 
+static const jvalue *num_item(const jvalue *arr, size_t k) {
+    return arr && arr->type == J_ARR && k < arr->len && arr->items[k].type == J_NUM ? &arr->items[k] : NULL;
+}
+
+/* The GPU-instance profiles of mig_profiles, by profile index (validated in full by load_profile). */
+static int load_mig_profiles(const jvalue *jg, sim_gpu *gp, int i) {
+    const jvalue *list = json_get(jg, "mig_profiles");
+    if (!list || list->type != J_ARR) return 0;
+    static const char *keys[] = {"gi_profile_id", "slices", "instances", "multiprocessors", "copy_engines",
+                                 "decoders", "encoders", "jpeg_engines", "ofa_engines"};
+    for (size_t k = 0; k < list->len; k++) {
+        const jvalue *jp = &list->items[k];
+        double d, v[9];
+        if (get_num(jp, "profile_index", &d, 1, "mig_profiles", (int)k) < 0) return -1;
+        if (d < 0 || d >= PROFILE_COUNT) return perr("gpus[%d].mig_profiles[%d].profile_index: 0..16", i, (int)k);
+        sim_profile *p = &gp->prof[(int)d];
+        memset(p, 0, sizeof *p);
+        if (get_str(jp, "name", p->name, sizeof p->name, "mig_profiles", (int)k) < 0) return -1;
+        for (int f = 0; f < 9; f++)
+            if (get_num(jp, keys[f], &v[f], 1, "mig_profiles", (int)k) < 0) return -1;
+        if (get_num(jp, "memory_mib", &d, 1, "mig_profiles", (int)k) < 0) return -1;
+        p->mem_mib = (unsigned long long)d;
+        p->id = (unsigned)v[0], p->slices = (unsigned)v[1], p->instances = (unsigned)v[2], p->sms = (unsigned)v[3];
+        p->ce = (unsigned)v[4], p->dec = (unsigned)v[5], p->enc = (unsigned)v[6], p->jpeg = (unsigned)v[7];
+        p->ofa = (unsigned)v[8];
+        const jvalue *pl = json_get(jp, "placements");
+        for (size_t q = 0; pl && pl->type == J_ARR && q < pl->len; q++) {
+            const jvalue *a = num_item(&pl->items[q], 0), *b = num_item(&pl->items[q], 1);
+            if (!a || !b || p->n_place >= MAX_PLACEMENTS)
+                return perr("gpus[%d].mig_profiles[%d].placements: [start, size] pairs, at most 8", i, (int)k);
+            p->place_start[p->n_place] = (unsigned)a->num;
+            p->place_size[p->n_place++] = (unsigned)b->num;
+        }
+        p->present = 1;
+    }
+    return 0;
+}
+
+static const sim_profile *profile_by_id(const sim_gpu *gp, int id) {
+    for (int k = 0; k < PROFILE_COUNT; k++)
+        if (gp->prof[k].present && (int)gp->prof[k].id == id) return &gp->prof[k];
+    return NULL;
+}
+
+/* NVML_COMPUTE_INSTANCE_PROFILE_* by compute slices (1, 2, 3, 4, 7); -1 for other sizes. */
+static int ci_profile_of_slices(unsigned slices) {
+    switch (slices) {
+    case 1: return 0;
+    case 2: return 1;
+    case 3: return 2;
+    case 4: return 3;
+    case 7: return 4;
+    default: return -1;
+    }
+}
+
+/* The profile's mig_devices as a layout: one GI per gi_id (first device's facts), one CI per device. */
+static void build_static_layout(sim_gpu *gp) {
+    sim_layout *l = &gp->static_layout;
+    memset(l, 0, sizeof *l);
+    for (int j = 0; j < gp->n_mig && j < MAX_MIG; j++) {
+        const sim_mig *m = &gp->mig[j];
+        unsigned c = 0, gslices = 0, gb = 0;
+        int n = 0, suffix = 0;
+        const char *gi_name = m->profile;
+        if (sscanf(m->profile, "%uc.%n", &c, &n) == 1 && n > 0) gi_name = m->profile + n;
+        parse_mig_profile(gi_name, &gslices, &gb, &suffix);
+        int k;
+        for (k = 0; k < l->n_gi && l->gi[k].id != m->gi; k++) {
+        }
+        if (k == l->n_gi && l->n_gi < MAX_GI) {
+            lay_gi *gi = &l->gi[l->n_gi++];
+            const sim_profile *p = profile_by_id(gp, m->gi_profile_id);
+            gi->id = m->gi;
+            gi->profile_id = m->gi_profile_id;
+            gi->profile_index = p ? (int)(p - gp->prof) : -1;
+            gi->start = m->placement_start;
+            gi->size = m->placement_size;
+            gi->slices = p ? p->slices : gslices;
+            gi->mem_mib = m->mem / (1024ULL * 1024ULL);
+            snprintf(gi->name, sizeof gi->name, "%s", gi_name);
+        }
+        lay_ci *ci = &l->ci[l->n_ci++];
+        unsigned start = 0;
+        for (int q = 0; q < l->n_ci - 1; q++)
+            if (l->ci[q].gi == m->gi) start += l->ci[q].slices;
+        ci->gi = m->gi;
+        ci->ci = m->ci;
+        ci->slices = c ? c : gslices;
+        ci->start = start;
+        ci->profile_id = ci_profile_of_slices(ci->slices);
+        ci->mem_mib = m->mem / (1024ULL * 1024ULL);
+        snprintf(ci->uuid, sizeof ci->uuid, "%s", m->uuid);
+        snprintf(ci->profile, sizeof ci->profile, "%s", m->profile);
+    }
+    memset(gp->mig, 0, sizeof gp->mig);
+    gp->n_mig = 0;
+}
+
 static int load_gpu(const jvalue *jg, int i) {
     sim_gpu *gp = &g.gpus[i];
     double d;
@@ -435,7 +619,6 @@ static int load_gpu(const jvalue *jg, int i) {
             m->ci = (unsigned)d;
             if (get_num(jm, "memory_mib", &d, 1, "mig_devices", (int)j) < 0) return -1;
             m->mem = (unsigned long long)d * 1024ULL * 1024ULL;
-            m->gi_handle = (sim_gi){GI_MAGIC, i, (int)j};
             m->gi_profile_id = default_gi_profile_id(m->profile, gp->mem);
             if (get_num(jm, "gi_profile_id", &d, 0, "mig_devices", (int)j) == 0) m->gi_profile_id = (int)d;
             m->placement_size = mig_memory_slices(m->profile, gp->mem);
@@ -447,6 +630,8 @@ static int load_gpu(const jvalue *jg, int i) {
         gp->n_mig = (int)migs->len;
         place_mig_devices(gp);
     }
+    if (load_mig_profiles(jg, gp, i) < 0) return -1;
+    build_static_layout(gp);
     return 0;
 }
 
@@ -673,6 +858,214 @@ static int write_compute_mode(int i, int mode) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- MIG layout state
+ *
+ * mig/<gpu-uuid> holds a GPU's layout once anything changed it (sim/nvml/README.md): written whole to a
+ * temporary file renamed into place, under an flock of mig/.lock, read at each call, so every process of
+ * the node sees a change at once. Without the file the profile's mig_devices are the layout (while MIG
+ * mode is on); without a state dir each process keeps its own. mig-mode/<gpu-uuid> ("1" or "0"), written
+ * by the stand-in's set_mig_mode, overrides the profile's MIG mode. */
+
+#define LAYOUT_HEADER "nvml-sim mig layout 1"
+
+/* "1"/"0" from mig-mode/<uuid>; -1 without the file. */
+static int mig_mode_file(int i) {
+    char path[1200], buf[8] = {0};
+    if (state_path(path, sizeof path, "mig-mode", g.gpus[i].uuid) < 0) return -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t r = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    return r > 0 ? buf[0] == '1' : -1;
+}
+
+static int mig_on(int i) {
+    int f = mig_mode_file(i);
+    return f >= 0 ? f : g.gpus[i].mig_enabled;
+}
+
+static int parse_layout(char *text, sim_layout *l) {
+    memset(l, 0, sizeof *l);
+    char *save = NULL;
+    char *line = strtok_r(text, "\n", &save);
+    if (!line || strcmp(line, LAYOUT_HEADER) != 0) return -1;
+    while ((line = strtok_r(NULL, "\n", &save))) {
+        if (sscanf(line, "counter %u", &l->counter) == 1) continue;
+        if (strncmp(line, "gi ", 3) == 0 && l->n_gi < MAX_GI) {
+            lay_gi *gi = &l->gi[l->n_gi];
+            if (sscanf(line, "gi %u %d %d %d %d %u %llu %u %35s", &gi->id, &gi->profile_index, &gi->profile_id,
+                       &gi->start, &gi->size, &gi->slices, &gi->mem_mib, &gi->serial, gi->name) != 9)
+                return -1;
+            l->n_gi++;
+        } else if (strncmp(line, "ci ", 3) == 0 && l->n_ci < MAX_MIG) {
+            lay_ci *ci = &l->ci[l->n_ci];
+            if (sscanf(line, "ci %u %u %d %u %u %llu %95s %43s", &ci->gi, &ci->ci, &ci->profile_id, &ci->start,
+                       &ci->slices, &ci->mem_mib, ci->uuid, ci->profile) != 8)
+                return -1;
+            l->n_ci++;
+        }
+    }
+    return 0;
+}
+
+/* The layout GPU i has now: the state file, this process's own, or the profile's. */
+static void current_layout(int i, sim_layout *l) {
+    sim_gpu *gp = &g.gpus[i];
+    char path[1200];
+    if (state_path(path, sizeof path, "mig", gp->uuid) == 0) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            char *text = read_all(fd);
+            close(fd);
+            int ok = text && parse_layout(text, l) == 0;
+            free(text);
+            if (ok) return;
+            fprintf(stderr, "nvml-sim: %s: not a MIG layout; using the profile's\n", path);
+        }
+    } else if (gp->has_local) {
+        memcpy(l, &gp->local_layout, sizeof *l);
+        return;
+    }
+    memset(l, 0, sizeof *l);
+    if (mig_on(i) && gp->mig_enabled) memcpy(l, &gp->static_layout, sizeof *l);
+}
+
+static int write_layout(int i, const sim_layout *l) {
+    sim_gpu *gp = &g.gpus[i];
+    char dir[1200], path[1300], tmp[1400];
+    if (state_path(dir, sizeof dir, "mig", NULL) < 0) {
+        memcpy(&gp->local_layout, l, sizeof *l);
+        gp->has_local = 1;
+        return 0;
+    }
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/%s", dir, gp->uuid);
+    snprintf(tmp, sizeof tmp, "%s/.%s.%d.%lx.tmp", dir, gp->uuid, (int)getpid(), (unsigned long)pthread_self());
+    FILE *f = fopen(tmp, "we");
+    if (!f) return -1;
+    fprintf(f, "%s\ncounter %u\n", LAYOUT_HEADER, l->counter);
+    for (int k = 0; k < l->n_gi; k++) {
+        const lay_gi *gi = &l->gi[k];
+        fprintf(f, "gi %u %d %d %d %d %u %llu %u %s\n", gi->id, gi->profile_index, gi->profile_id, gi->start,
+                gi->size, gi->slices, gi->mem_mib, gi->serial, gi->name);
+    }
+    for (int k = 0; k < l->n_ci; k++) {
+        const lay_ci *ci = &l->ci[k];
+        fprintf(f, "ci %u %u %d %u %u %llu %s %s\n", ci->gi, ci->ci, ci->profile_id, ci->start, ci->slices,
+                ci->mem_mib, ci->uuid, ci->profile);
+    }
+    int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) < 0) {
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* Exclusive right to change layouts: this process's mig_lock plus, with a state dir, mig/.lock. */
+static int layout_lock(void) {
+    pthread_mutex_lock(&mig_lock);
+    char dir[1200], path[1300];
+    if (state_path(dir, sizeof dir, "mig", NULL) < 0) return -1;
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0)
+        while (flock(fd, LOCK_EX) < 0 && errno == EINTR) {
+        }
+    return fd;
+}
+
+static void layout_unlock(int fd) {
+    if (fd >= 0) close(fd); /* releases the flock */
+    pthread_mutex_unlock(&mig_lock);
+}
+
+static int take_slot(int live_flags[MAX_SLOTS], const unsigned long long freed[MAX_SLOTS]) {
+    int best = -1;
+    for (int k = 0; k < MAX_SLOTS; k++)
+        if (!live_flags[k] && (best < 0 || freed[k] < freed[best])) best = k;
+    live_flags[best] = 1;
+    return best;
+}
+
+/* Shows layout l in GPU i's slots: an instance still there keeps its slot (and handle), gone ones free
+ * theirs, new ones take the slot freed longest ago. Caller holds mig_lock. */
+static void apply_layout(int i, const sim_layout *l) {
+    sim_gpu *gp = &g.gpus[i];
+    int gi_live[MAX_SLOTS], ci_live[MAX_SLOTS], gi_of[MAX_GI], ci_of[MAX_MIG];
+    unsigned long long gi_freed[MAX_SLOTS], ci_freed[MAX_SLOTS];
+    for (int k = 0; k < MAX_SLOTS; k++) {
+        gi_live[k] = 0, ci_live[k] = 0;
+        gi_freed[k] = gp->gis[k].freed, ci_freed[k] = gp->mig[k].freed;
+    }
+    for (int a = 0; a < l->n_gi; a++) {
+        gi_of[a] = -1;
+        for (int k = 0; k < MAX_SLOTS && gi_of[a] < 0; k++)
+            if (gp->gis[k].live && memcmp(&gp->gis[k].gi, &l->gi[a], sizeof l->gi[a]) == 0) gi_of[a] = k;
+        if (gi_of[a] >= 0) gi_live[gi_of[a]] = 1;
+    }
+    for (int a = 0; a < l->n_ci; a++) {
+        ci_of[a] = -1;
+        for (int k = 0; k < MAX_SLOTS && ci_of[a] < 0; k++)
+            if (gp->mig[k].live && memcmp(&gp->mig[k].c, &l->ci[a], sizeof l->ci[a]) == 0) ci_of[a] = k;
+        if (ci_of[a] >= 0) ci_live[ci_of[a]] = 1;
+    }
+    for (int k = 0; k < MAX_SLOTS; k++) {
+        if (gp->gis[k].live && !gi_live[k]) gp->gis[k].live = 0, gp->gis[k].freed = gi_freed[k] = ++free_clock;
+        if (gp->mig[k].live && !ci_live[k]) gp->mig[k].live = 0, gp->mig[k].freed = ci_freed[k] = ++free_clock;
+    }
+    for (int a = 0; a < l->n_gi; a++) {
+        if (gi_of[a] >= 0) continue;
+        gi_slot *s = &gp->gis[gi_of[a] = take_slot(gi_live, gi_freed)];
+        s->handle = (sim_gi){GI_MAGIC, i, gi_of[a]};
+        memcpy(&s->gi, &l->gi[a], sizeof s->gi);
+        s->live = 1;
+    }
+    for (int a = 0; a < l->n_ci; a++) {
+        const lay_ci *c = &l->ci[a];
+        int fresh = ci_of[a] < 0;
+        if (fresh) ci_of[a] = take_slot(ci_live, ci_freed);
+        sim_mig *m = &gp->mig[ci_of[a]];
+        int gslot = -1;
+        for (int b = 0; b < l->n_gi; b++)
+            if (l->gi[b].id == c->gi) gslot = gi_of[b];
+        const lay_gi *gi = gslot >= 0 ? &l->gi[0] : NULL;
+        for (int b = 0; b < l->n_gi; b++)
+            if (l->gi[b].id == c->gi) gi = &l->gi[b];
+        m->index = a;
+        m->gi_slot = gslot;
+        m->gi_profile_id = gi ? gi->profile_id : -1;
+        m->placement_start = gi ? gi->start : -1;
+        m->placement_size = gi ? gi->size : -1;
+        gp->order[a] = ci_of[a];
+        if (!fresh) continue;
+        m->h = (sim_handle){HANDLE_MAGIC, i, ci_of[a]};
+        m->ci_handle = (sim_ci){CI_MAGIC, i, ci_of[a]};
+        memcpy(&m->c, c, sizeof m->c);
+        snprintf(m->uuid, sizeof m->uuid, "%s", c->uuid);
+        snprintf(m->profile, sizeof m->profile, "%s", c->profile);
+        m->gi = c->gi;
+        m->ci = c->ci;
+        m->mem = c->mem_mib * 1024ULL * 1024ULL;
+        m->live = 1;
+    }
+    gp->n_mig = l->n_ci;
+    memcpy(&gp->applied, l, sizeof *l);
+    gp->applied_valid = 1;
+}
+
+/* Brings GPU i's slots up to its current layout (another process may have changed it). */
+static void sync_gpu(int i) {
+    if (!g.gpus[i].mig_capable) return;
+    sim_layout l;
+    pthread_mutex_lock(&mig_lock);
+    current_layout(i, &l);
+    if (!g.gpus[i].applied_valid || memcmp(&l, &g.gpus[i].applied, sizeof l) != 0) apply_layout(i, &l);
+    pthread_mutex_unlock(&mig_lock);
+}
+
 /* ---------------------------------------------------------------- init / shutdown */
 
 static int fail_init_code(void) {
@@ -744,6 +1137,9 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t r) {
     case 13: return "Function Not Found";
     case 15: return "GPU is lost";
     case 18: return "RM has detected an NVML/RM version mismatch.";
+    case 19: return "In use by another client";
+    case 23: return "Insufficient resources";
+    case 25: return "Argument version mismatch";
     case 20: return "Insufficient Memory";
     default: return "Unknown Error";
     }
@@ -762,7 +1158,11 @@ static int valid(nvmlDevice_t d) {
     if (!d) return 0;
     uintptr_t p = (uintptr_t)d;
     if (p < (uintptr_t)&g.gpus[0] || p >= (uintptr_t)&g.gpus[MAX_GPUS]) return 0;
-    return d->magic == HANDLE_MAGIC && d->gpu >= 0 && d->gpu < g.n && d->mig < g.gpus[d->gpu].n_mig;
+    if (d->magic != HANDLE_MAGIC || d->gpu < 0 || d->gpu >= g.n) return 0;
+    if (d->mig < 0) return d->mig == -1;
+    if (d->mig >= MAX_SLOTS) return 0;
+    sync_gpu(d->gpu); /* a MIG device lives as long as its instance does */
+    return g.gpus[d->gpu].mig[d->mig].live;
 }
 
 /* The gate of every call that needs the GPU itself (not only its identity): GPU_IS_LOST for a GPU off the
@@ -845,8 +1245,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
             *device = &g.gpus[i].h;
             return NVML_SUCCESS;
         }
-        for (int j = 0; j < g.gpus[i].n_mig; j++)
-            if (strcmp(g.gpus[i].mig[j].uuid, uuid) == 0) {
+        sync_gpu(i);
+        for (int j = 0; j < MAX_SLOTS; j++)
+            if (g.gpus[i].mig[j].live && strcmp(g.gpus[i].mig[j].uuid, uuid) == 0) {
                 *device = &g.gpus[i].mig[j].h;
                 return NVML_SUCCESS;
             }
@@ -878,7 +1279,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index) {
     nvmlReturn_t r = check(d, 0);
     if (r) return r;
     if (!index) return NVML_ERROR_INVALID_ARGUMENT;
-    *index = (unsigned)(IS_MIG(d) ? d->mig : d->gpu);
+    *index = (unsigned)(IS_MIG(d) ? MIG(d)->index : d->gpu);
     return NVML_SUCCESS;
 }
 
@@ -1015,7 +1416,6 @@ typedef struct {
     unsigned value;
 } sim_addressing_mode;
 #define ADDRESSING_MODE_V1 0x1000008u
-#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
 
 /* The profile's mode (GH200, GB200: ATS); GPUs without one and MIG handles: NOT_SUPPORTED. */
 EXPORT nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t d, sim_addressing_mode *mode) {
@@ -1035,8 +1435,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, 
     if (r) return r;
     if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
     if (IS_MIG(d) || !GPU(d)->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
-    *current = (unsigned)GPU(d)->mig_enabled;
-    *pending = (unsigned)GPU(d)->mig_pending;
+    int file = mig_mode_file(d->gpu); /* set_mig_mode: current and pending alike */
+    *current = (unsigned)(file >= 0 ? file : GPU(d)->mig_enabled);
+    *pending = (unsigned)(file >= 0 ? file : GPU(d)->mig_pending);
     return NVML_SUCCESS;
 }
 
@@ -1055,8 +1456,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned
     if (!mig || IS_MIG(d)) return NVML_ERROR_INVALID_ARGUMENT;
     if (!GPU(d)->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
     if (index >= MAX_MIG) return NVML_ERROR_INVALID_ARGUMENT;
-    if (!GPU(d)->mig_enabled || index >= (unsigned)GPU(d)->n_mig) return NVML_ERROR_NOT_FOUND;
-    *mig = &GPU(d)->mig[index].h;
+    pthread_mutex_lock(&mig_lock);
+    sync_gpu(d->gpu);
+    r = !mig_on(d->gpu) || index >= (unsigned)GPU(d)->n_mig ? NVML_ERROR_NOT_FOUND : NVML_SUCCESS;
+    if (!r) *mig = &GPU(d)->mig[GPU(d)->order[index]].h;
+    pthread_mutex_unlock(&mig_lock);
+    return r;
     return NVML_SUCCESS;
 }
 
@@ -1094,20 +1499,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int 
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t d, unsigned int id, nvmlGpuInstance_t *gi) {
-    nvmlReturn_t r = check(d, 1);
-    if (r) return r;
-    if (!gi || IS_MIG(d)) return NVML_ERROR_INVALID_ARGUMENT;
-    if (!GPU(d)->mig_capable || !GPU(d)->mig_enabled) return NVML_ERROR_NOT_SUPPORTED;
-    for (int j = 0; j < GPU(d)->n_mig; j++) {
-        sim_mig *m = &GPU(d)->mig[j];
-        if (m->gi != id) continue;
-        if (m->gi_profile_id < 0) return NVML_ERROR_NOT_SUPPORTED; /* a size without a known profile */
-        *gi = &m->gi_handle;
-        return NVML_SUCCESS;
-    }
-    return NVML_ERROR_NOT_FOUND;
-}
+/* ---------------------------------------------------------------- MIG: GPU and compute instances
+ *
+ * Profiles and possible placements come from the profile's mig_profiles; instances live in the layout
+ * (above). Refusals follow nvml.h's documented return codes (sim/nvml/README.md lists each). */
 
 typedef struct {
     unsigned int start, size;
@@ -1119,20 +1514,615 @@ typedef struct {
     nvmlGpuInstancePlacement_t placement;
 } nvmlGpuInstanceInfo_t;
 
-EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gi, nvmlGpuInstanceInfo_t *info) {
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount,
+        decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version, id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount,
+        decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+} nvmlGpuInstanceProfileInfo_v2_t;
+
+typedef struct {
+    unsigned int version, id, sliceCount, instanceCount, multiprocessorCount, copyEngineCount, decoderCount,
+        encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+    unsigned int capabilities;
+} nvmlGpuInstanceProfileInfo_v3_t;
+
+/* NVML_STRUCT_VERSION(GpuInstanceProfileInfo, 2 / 3): the struct's size with the version in the top byte. */
+#define GI_PROFILE_INFO_V2 ((unsigned)sizeof(nvmlGpuInstanceProfileInfo_v2_t) | (2u << 24))
+#define GI_PROFILE_INFO_V3 ((unsigned)sizeof(nvmlGpuInstanceProfileInfo_v3_t) | (3u << 24))
+_Static_assert(GI_PROFILE_INFO_V2 == 0x02000098u, "nvmlGpuInstanceProfileInfo_v2 as pynvml sets it");
+_Static_assert(sizeof(nvmlGpuInstanceProfileInfo_v3_t) == 0x98, "nvmlGpuInstanceProfileInfo_v3_t");
+
+typedef struct {
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount,
+        sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+} nvmlComputeInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version, id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount,
+        sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    char name[96];
+} nvmlComputeInstanceProfileInfo_v2_t;
+
+typedef struct {
+    unsigned int version, id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount,
+        sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    char name[96];
+    unsigned int capabilities;
+} nvmlComputeInstanceProfileInfo_v3_t;
+
+#define CI_PROFILE_INFO_V2 ((unsigned)sizeof(nvmlComputeInstanceProfileInfo_v2_t) | (2u << 24))
+#define CI_PROFILE_INFO_V3 ((unsigned)sizeof(nvmlComputeInstanceProfileInfo_v3_t) | (3u << 24))
+_Static_assert(CI_PROFILE_INFO_V2 == 0x02000088u, "nvmlComputeInstanceProfileInfo_v2 as pynvml sets it");
+
+typedef struct {
+    unsigned int start, size;
+} nvmlComputeInstancePlacement_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned int id, profileId;
+    nvmlComputeInstancePlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+
+/* Compute slices of each NVML_COMPUTE_INSTANCE_PROFILE_* (1, 2, 3, 4, 7, 8, 6, 1_REV1, 7_NVL). */
+static const unsigned ci_profile_slices[CI_PROFILE_COUNT] = {1, 2, 3, 4, 7, 8, 6, 1, 7};
+
+static int in_gpus(const void *p) {
+    return p && (uintptr_t)p >= (uintptr_t)&g.gpus[0] && (uintptr_t)p < (uintptr_t)&g.gpus[MAX_GPUS];
+}
+
+/* A live GPU instance handle of an answering GPU. */
+static nvmlReturn_t check_gi(nvmlGpuInstance_t gi) {
     if (!initialized()) return NVML_ERROR_UNINITIALIZED;
-    if (!gi || !info || gi->magic != GI_MAGIC || gi->gpu < 0 || gi->gpu >= g.n || gi->mig < 0 ||
-        gi->mig >= g.gpus[gi->gpu].n_mig)
+    if (!in_gpus(gi) || gi->magic != GI_MAGIC || gi->gpu < 0 || gi->gpu >= g.n || gi->slot < 0 ||
+        gi->slot >= MAX_SLOTS)
         return NVML_ERROR_INVALID_ARGUMENT;
     nvmlReturn_t r = gpu_gate(gi->gpu);
     if (r) return r;
-    const sim_mig *m = &g.gpus[gi->gpu].mig[gi->mig];
-    info->device = &g.gpus[gi->gpu].h;
-    info->id = m->gi;
-    info->profileId = (unsigned)m->gi_profile_id;
-    info->placement.start = (unsigned)m->placement_start;
-    info->placement.size = (unsigned)m->placement_size;
+    sync_gpu(gi->gpu);
+    return g.gpus[gi->gpu].gis[gi->slot].live ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+static nvmlReturn_t check_ci(nvmlComputeInstance_t ci) {
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!in_gpus(ci) || ci->magic != CI_MAGIC || ci->gpu < 0 || ci->gpu >= g.n || ci->slot < 0 ||
+        ci->slot >= MAX_SLOTS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = gpu_gate(ci->gpu);
+    if (r) return r;
+    sync_gpu(ci->gpu);
+    return g.gpus[ci->gpu].mig[ci->slot].live ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+static const lay_gi *layout_gi(const sim_layout *l, unsigned id) {
+    for (int k = 0; k < l->n_gi; k++)
+        if (l->gi[k].id == id) return &l->gi[k];
+    return NULL;
+}
+
+/* The GPU instance id the driver gives a placement: its node in the binary tree of the 8 memory slices
+ * (0 the whole GPU, 1-2 halves, 3-6 quarters, 7-14 single slices), as nvidia-smi mig -lgi shows them;
+ * the lowest free id where that one is taken (only a profile's made-up static ids can take it). */
+static unsigned gi_id_for(const sim_layout *l, unsigned start, unsigned size) {
+    int id = size == 8 ? 0 : size == 4 ? 1 + (int)start / 4 : size == 2 ? 3 + (int)start / 2 : size == 1 ? 7 + (int)start : -1;
+    if (id >= 0 && !layout_gi(l, (unsigned)id)) return (unsigned)id;
+    unsigned free_id = 0;
+    while (layout_gi(l, free_id)) free_id++;
+    return free_id;
+}
+
+/* Whether a GI of profile p fits at (start, size) next to layout l: SUCCESS or INSUFFICIENT_RESOURCES
+ * (the profile's instanceCount reached, not enough compute slices left, memory slices taken). */
+static nvmlReturn_t gi_fits(const sim_layout *l, const sim_profile *p, unsigned start, unsigned size) {
+    unsigned same = 0, used = 0;
+    for (int k = 0; k < l->n_gi; k++) {
+        const lay_gi *o = &l->gi[k];
+        used += o->slices;
+        if (o->profile_id == (int)p->id) same++;
+        if (o->start >= 0 && (int)start < o->start + o->size && o->start < (int)(start + size))
+            return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    }
+    if (same >= p->instances || used + p->slices > COMPUTE_SLICES || l->n_gi >= MAX_GI)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
     return NVML_SUCCESS;
+}
+
+/* The first possible placement of p that fits, in the profile's order; -1 when none does. */
+static int first_fit(const sim_layout *l, const sim_profile *p) {
+    for (int q = 0; q < p->n_place; q++)
+        if (gi_fits(l, p, p->place_start[q], p->place_size[q]) == NVML_SUCCESS) return q;
+    return -1;
+}
+
+static void add_gi(sim_layout *l, const sim_gpu *gp, const sim_profile *p, int q) {
+    lay_gi *gi = &l->gi[l->n_gi];
+    memset(gi, 0, sizeof *gi);
+    gi->id = gi_id_for(l, p->place_start[q], p->place_size[q]);
+    gi->serial = ++l->counter;
+    gi->profile_index = (int)(p - gp->prof);
+    gi->profile_id = (int)p->id;
+    gi->start = (int)p->place_start[q];
+    gi->size = (int)p->place_size[q];
+    gi->slices = p->slices;
+    gi->mem_mib = p->mem_mib;
+    snprintf(gi->name, sizeof gi->name, "%s", p->name);
+    l->n_gi++;
+}
+
+/* Queries that answer for a MIG-capable GPU whatever its MIG mode (profiles, placements, capacity). */
+static nvmlReturn_t check_mig_gpu(nvmlDevice_t d) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (IS_MIG(d) || !GPU(d)->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t gi_profile(nvmlDevice_t d, unsigned index, const sim_profile **p) {
+    nvmlReturn_t r = check_mig_gpu(d);
+    if (r) return r;
+    if (index >= PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!GPU(d)->prof[index].present) return NVML_ERROR_NOT_SUPPORTED;
+    *p = &GPU(d)->prof[index];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t d, unsigned int index,
+                                                        nvmlGpuInstanceProfileInfo_t *info) {
+    const sim_profile *p = NULL;
+    nvmlReturn_t r = gi_profile(d, index, &p);
+    if (r) return r;
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    *info = (nvmlGpuInstanceProfileInfo_t){p->id, 0, p->slices, p->instances, p->sms, p->ce, p->dec, p->enc,
+                                           p->jpeg, p->ofa, p->mem_mib};
+    return NVML_SUCCESS;
+}
+
+/* Takes the v2 and v3 structs (they differ in isP2pSupported / capabilities, both 0 here). Answers with
+ * MIG mode off too, as driver 580 on an H100 did (docs/mig-nvml-h100.md), though nvml.h names MIG mode. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t d, unsigned int index, void *info) {
+    const sim_profile *p = NULL;
+    nvmlReturn_t r = gi_profile(d, index, &p);
+    if (r) return r;
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned version = *(unsigned *)info;
+    if (version == GI_PROFILE_INFO_V2) {
+        nvmlGpuInstanceProfileInfo_v2_t *v = info;
+        *v = (nvmlGpuInstanceProfileInfo_v2_t){version, p->id, 0, p->slices, p->instances, p->sms, p->ce, p->dec,
+                                               p->enc, p->jpeg, p->ofa, p->mem_mib, {0}};
+        snprintf(v->name, sizeof v->name, "%s", p->name);
+    } else if (version == GI_PROFILE_INFO_V3) {
+        nvmlGpuInstanceProfileInfo_v3_t *v = info;
+        *v = (nvmlGpuInstanceProfileInfo_v3_t){version, p->id, p->slices, p->instances, p->sms, p->ce, p->dec,
+                                               p->enc, p->jpeg, p->ofa, p->mem_mib, {0}, 0};
+        snprintf(v->name, sizeof v->name, "%s", p->name);
+    } else {
+        return NVML_ERROR_INVALID_ARGUMENT; /* nvml.h: "info->version" invalid */
+    }
+    return NVML_SUCCESS;
+}
+
+/* Every placement the profile can take, MIG mode on or off; NULL placements: only the count. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t d, unsigned int profile_id,
+                                                                  nvmlGpuInstancePlacement_t *placements,
+                                                                  unsigned int *count) {
+    nvmlReturn_t r = check_mig_gpu(d);
+    if (r) return r;
+    const sim_profile *p = profile_by_id(GPU(d), (int)profile_id);
+    if (!count || !p) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned n = (unsigned)p->n_place;
+    if (!placements) {
+        *count = n;
+        return NVML_SUCCESS;
+    }
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned q = 0; q < n; q++) placements[q] = (nvmlGpuInstancePlacement_t){p->place_start[q], p->place_size[q]};
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+/* How many more instances of the profile could be made now, each at its first free placement. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t d, unsigned int profile_id,
+                                                              unsigned int *count) {
+    nvmlReturn_t r = check_mig_gpu(d);
+    if (r) return r;
+    const sim_profile *p = profile_by_id(GPU(d), (int)profile_id);
+    if (!count || !p) return NVML_ERROR_INVALID_ARGUMENT;
+    sim_layout l;
+    pthread_mutex_lock(&mig_lock);
+    current_layout(d->gpu, &l);
+    pthread_mutex_unlock(&mig_lock);
+    unsigned n = 0;
+    for (int q; (q = first_fit(&l, p)) >= 0; n++) add_gi(&l, GPU(d), p, q);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t create_gi(nvmlDevice_t d, unsigned profile_id, const nvmlGpuInstancePlacement_t *want,
+                              nvmlGpuInstance_t *out) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!out || IS_MIG(d)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!GPU(d)->mig_capable || !mig_on(d->gpu)) return NVML_ERROR_NOT_SUPPORTED;
+    const sim_profile *p = profile_by_id(GPU(d), (int)profile_id);
+    if (!p) return NVML_ERROR_INVALID_ARGUMENT;
+    int q = -1;
+    if (want) {
+        for (int k = 0; k < p->n_place && q < 0; k++)
+            if (p->place_start[k] == want->start && p->place_size[k] == want->size) q = k;
+        if (q < 0) return NVML_ERROR_INVALID_ARGUMENT; /* not one of the profile's possible placements */
+    }
+    int fd = layout_lock();
+    sim_layout l;
+    current_layout(d->gpu, &l);
+    if (want) {
+        r = gi_fits(&l, p, p->place_start[q], p->place_size[q]);
+    } else {
+        q = first_fit(&l, p);
+        r = q < 0 ? NVML_ERROR_INSUFFICIENT_RESOURCES : NVML_SUCCESS;
+    }
+    if (!r) {
+        add_gi(&l, GPU(d), p, q);
+        unsigned id = l.gi[l.n_gi - 1].id;
+        if (write_layout(d->gpu, &l) < 0) {
+            r = NVML_ERROR_UNKNOWN;
+        } else {
+            sync_gpu(d->gpu);
+            r = NVML_ERROR_UNKNOWN;
+            for (int k = 0; k < MAX_SLOTS; k++)
+                if (GPU(d)->gis[k].live && GPU(d)->gis[k].gi.id == id) *out = &GPU(d)->gis[k].handle, r = NVML_SUCCESS;
+        }
+    }
+    layout_unlock(fd);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t d, unsigned int profile_id, nvmlGpuInstance_t *gi) {
+    return create_gi(d, profile_id, NULL, gi);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t d, unsigned int profile_id,
+                                                             const nvmlGpuInstancePlacement_t *placement,
+                                                             nvmlGpuInstance_t *gi) {
+    if (!placement) return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    return create_gi(d, profile_id, placement, gi);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) {
+    nvmlReturn_t r = check_gi(gi);
+    if (r) return r;
+    int fd = layout_lock();
+    sim_layout l;
+    current_layout(gi->gpu, &l);
+    const gi_slot *s = &g.gpus[gi->gpu].gis[gi->slot];
+    int k;
+    for (k = 0; k < l.n_gi && memcmp(&l.gi[k], &s->gi, sizeof s->gi) != 0; k++) {
+    }
+    if (!s->live || k == l.n_gi) {
+        r = NVML_ERROR_INVALID_ARGUMENT; /* destroyed meanwhile */
+    } else {
+        for (int c = 0; c < l.n_ci; c++)
+            if (l.ci[c].gi == l.gi[k].id) r = NVML_ERROR_IN_USE; /* destroy its compute instances first */
+        if (!r) {
+            memmove(&l.gi[k], &l.gi[k + 1], sizeof l.gi[0] * (size_t)(l.n_gi - k - 1));
+            memset(&l.gi[--l.n_gi], 0, sizeof l.gi[0]);
+            r = write_layout(gi->gpu, &l) < 0 ? NVML_ERROR_UNKNOWN : NVML_SUCCESS;
+            sync_gpu(gi->gpu);
+        }
+    }
+    layout_unlock(fd);
+    return r;
+}
+
+/* Instances need MIG mode on; a MIG handle is not a GPU. */
+static nvmlReturn_t check_mig_on(nvmlDevice_t d) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (IS_MIG(d)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!GPU(d)->mig_capable || !mig_on(d->gpu)) return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t d, unsigned int profile_id, nvmlGpuInstance_t *gis,
+                                              unsigned int *count) {
+    nvmlReturn_t r = check_mig_on(d);
+    if (r) return r;
+    if (!gis || !count || !profile_by_id(GPU(d), (int)profile_id)) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&mig_lock);
+    sync_gpu(d->gpu);
+    unsigned n = 0;
+    const sim_layout *l = &GPU(d)->applied;
+    for (int a = 0; a < l->n_gi; a++) {
+        if (l->gi[a].profile_id != (int)profile_id) continue;
+        for (int k = 0; k < MAX_SLOTS; k++)
+            if (GPU(d)->gis[k].live && GPU(d)->gis[k].gi.id == l->gi[a].id) gis[n++] = &GPU(d)->gis[k].handle;
+    }
+    pthread_mutex_unlock(&mig_lock);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t d, unsigned int id, nvmlGpuInstance_t *gi) {
+    nvmlReturn_t r = check_mig_on(d);
+    if (r) return r;
+    if (!gi) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&mig_lock);
+    sync_gpu(d->gpu);
+    r = NVML_ERROR_NOT_FOUND;
+    for (int k = 0; k < MAX_SLOTS; k++) {
+        gi_slot *s = &GPU(d)->gis[k];
+        if (!s->live || s->gi.id != id) continue;
+        if (s->gi.profile_id < 0) {
+            r = NVML_ERROR_NOT_SUPPORTED; /* a static GI of a size without a known profile */
+        } else {
+            *gi = &s->handle;
+            r = NVML_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&mig_lock);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gi, nvmlGpuInstanceInfo_t *info) {
+    nvmlReturn_t r = check_gi(gi);
+    if (r) return r;
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    const lay_gi *s = &g.gpus[gi->gpu].gis[gi->slot].gi;
+    info->device = &g.gpus[gi->gpu].h;
+    info->id = s->id;
+    info->profileId = (unsigned)s->profile_id;
+    info->placement.start = (unsigned)s->start;
+    info->placement.size = (unsigned)s->size;
+    return NVML_SUCCESS;
+}
+
+/* A compute-instance profile a GI of `slices` compute slices offers: up to its size (1, 2, 3, 4, 7). */
+static int ci_offered(unsigned profile, unsigned slices) {
+    return profile <= 4 && ci_profile_slices[profile] <= slices;
+}
+
+static nvmlReturn_t ci_profile_info(nvmlGpuInstance_t gi, unsigned profile, unsigned eng,
+                                    nvmlComputeInstanceProfileInfo_t *out, char *name, size_t name_len) {
+    nvmlReturn_t r = check_gi(gi);
+    if (r) return r;
+    if (profile >= CI_PROFILE_COUNT || eng != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    const sim_gpu *gp = &g.gpus[gi->gpu];
+    const lay_gi *s = &gp->gis[gi->slot].gi;
+    if (!ci_offered(profile, s->slices)) return NVML_ERROR_NOT_SUPPORTED;
+    const sim_profile *p = profile_by_id(gp, s->profile_id);
+    unsigned n = ci_profile_slices[profile];
+    unsigned sms = p ? p->sms : s->slices * 16;
+    /* A CI gets its share of the GI's SMs and shares the GI's engines. */
+    *out = (nvmlComputeInstanceProfileInfo_t){profile, n, s->slices / n, sms * n / s->slices, p ? p->ce : 0,
+                                              p ? p->dec : 0, p ? p->enc : 0, p ? p->jpeg : 0, p ? p->ofa : 0};
+    if (n == s->slices)
+        snprintf(name, name_len, "%s", s->name);
+    else
+        snprintf(name, name_len, "%uc.%s", n, s->name);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gi, unsigned int profile,
+                                                                 unsigned int eng_profile,
+                                                                 nvmlComputeInstanceProfileInfo_t *info) {
+    char name[96];
+    if (!info) return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    return ci_profile_info(gi, profile, eng_profile, info, name, sizeof name);
+}
+
+/* Takes the v2 and v3 structs (v3 adds capabilities, 0 here). */
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t gi, unsigned int profile,
+                                                                  unsigned int eng_profile, void *info) {
+    if (!info) return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
+    unsigned version = *(unsigned *)info;
+    if (version != CI_PROFILE_INFO_V2 && version != CI_PROFILE_INFO_V3) {
+        nvmlReturn_t r = check_gi(gi);
+        return r ? r : NVML_ERROR_INVALID_ARGUMENT; /* nvml.h: "info->version" invalid */
+    }
+    nvmlComputeInstanceProfileInfo_t v1;
+    nvmlComputeInstanceProfileInfo_v3_t *v = info; /* v2 is v3 without the trailing capabilities */
+    char name[96];
+    nvmlReturn_t r = ci_profile_info(gi, profile, eng_profile, &v1, name, sizeof name);
+    if (r) return r;
+    memcpy(&v->id, &v1, sizeof v1);
+    snprintf(v->name, sizeof v->name, "%s", name);
+    if (version == CI_PROFILE_INFO_V3) v->capabilities = 0;
+    return NVML_SUCCESS;
+}
+
+/* The first compute-slice offset in the GI where `n` slices are free, or -1. */
+static int ci_start(const sim_layout *l, const lay_gi *gi, unsigned n) {
+    unsigned used = 0;
+    for (int c = 0; c < l->n_ci; c++)
+        if (l->ci[c].gi == gi->id)
+            for (unsigned k = 0; k < l->ci[c].slices && l->ci[c].start + k < 32; k++) used |= 1u << (l->ci[c].start + k);
+    for (unsigned start = 0; start + n <= gi->slices; start++) {
+        unsigned mask = ((1u << n) - 1) << start;
+        if (!(used & mask)) return (int)start;
+    }
+    return -1;
+}
+
+static unsigned long long fnv1a(const char *s, unsigned long long h) {
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+    return h;
+}
+
+/* A new MIG device's UUID: a hash of the GPU's UUID, GI and CI ids, the layout counter and the time. */
+static void make_mig_uuid(char *dst, size_t len, const char *gpu_uuid, unsigned gi, unsigned ci, unsigned counter) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char key[256];
+    snprintf(key, sizeof key, "%s/%u/%u/%u/%lld.%09ld", gpu_uuid, gi, ci, counter, (long long)ts.tv_sec, ts.tv_nsec);
+    unsigned long long a = fnv1a(key, 0xcbf29ce484222325ULL), b = fnv1a(key, a ^ 0x9e3779b97f4a7c15ULL);
+    snprintf(dst, len, "MIG-%08llx-%04llx-%04llx-%04llx-%012llx", a >> 32, (a >> 16) & 0xffff,
+             (a & 0x0fff) | 0x5000, ((b >> 48) & 0x3fff) | 0x8000, b & 0xffffffffffffULL);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gi, unsigned int profile,
+                                                         nvmlComputeInstance_t *out) {
+    nvmlReturn_t r = check_gi(gi);
+    if (r) return r;
+    sim_gpu *gp = &g.gpus[gi->gpu];
+    if (!out || profile >= CI_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!ci_offered(profile, gp->gis[gi->slot].gi.slices)) return NVML_ERROR_NOT_SUPPORTED;
+    int fd = layout_lock();
+    sim_layout l;
+    current_layout(gi->gpu, &l);
+    const lay_gi *s = NULL;
+    for (int k = 0; k < l.n_gi; k++)
+        if (memcmp(&l.gi[k], &gp->gis[gi->slot].gi, sizeof l.gi[k]) == 0) s = &l.gi[k];
+    unsigned n = ci_profile_slices[profile], same = 0;
+    for (int c = 0; s && c < l.n_ci; c++)
+        if (l.ci[c].gi == s->id && l.ci[c].profile_id == (int)profile) same++;
+    int start = s ? ci_start(&l, s, n) : -1;
+    if (!s) {
+        r = NVML_ERROR_INVALID_ARGUMENT; /* destroyed meanwhile */
+    } else if (start < 0 || same >= s->slices / n || l.n_ci >= MAX_MIG) {
+        r = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    } else {
+        lay_ci *c = &l.ci[l.n_ci];
+        memset(c, 0, sizeof *c);
+        c->gi = s->id;
+        while (1) { /* the lowest CI id free in the GI */
+            int taken = 0;
+            for (int k = 0; k < l.n_ci; k++) taken |= l.ci[k].gi == s->id && l.ci[k].ci == c->ci;
+            if (!taken) break;
+            c->ci++;
+        }
+        c->profile_id = (int)profile;
+        c->start = (unsigned)start;
+        c->slices = n;
+        c->mem_mib = s->mem_mib;
+        if (n == s->slices)
+            snprintf(c->profile, sizeof c->profile, "%s", s->name);
+        else
+            snprintf(c->profile, sizeof c->profile, "%uc.%s", n, s->name);
+        make_mig_uuid(c->uuid, sizeof c->uuid, gp->uuid, c->gi, c->ci, ++l.counter);
+        char uuid[96];
+        snprintf(uuid, sizeof uuid, "%s", c->uuid);
+        l.n_ci++;
+        if (write_layout(gi->gpu, &l) < 0) {
+            r = NVML_ERROR_UNKNOWN;
+        } else {
+            sync_gpu(gi->gpu);
+            r = NVML_ERROR_UNKNOWN;
+            for (int k = 0; k < MAX_SLOTS; k++)
+                if (gp->mig[k].live && strcmp(gp->mig[k].uuid, uuid) == 0) *out = &gp->mig[k].ci_handle, r = NVML_SUCCESS;
+        }
+    }
+    layout_unlock(fd);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ci) {
+    nvmlReturn_t r = check_ci(ci);
+    if (r) return r;
+    int fd = layout_lock();
+    sim_layout l;
+    current_layout(ci->gpu, &l);
+    const sim_mig *m = &g.gpus[ci->gpu].mig[ci->slot];
+    int k;
+    for (k = 0; k < l.n_ci && strcmp(l.ci[k].uuid, m->uuid) != 0; k++) {
+    }
+    if (!m->live || k == l.n_ci) {
+        r = NVML_ERROR_INVALID_ARGUMENT; /* destroyed meanwhile */
+    } else {
+        memmove(&l.ci[k], &l.ci[k + 1], sizeof l.ci[0] * (size_t)(l.n_ci - k - 1));
+        memset(&l.ci[--l.n_ci], 0, sizeof l.ci[0]);
+        r = write_layout(ci->gpu, &l) < 0 ? NVML_ERROR_UNKNOWN : NVML_SUCCESS;
+        sync_gpu(ci->gpu);
+    }
+    layout_unlock(fd);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceRemainingCapacity(nvmlGpuInstance_t gi, unsigned int profile,
+                                                                       unsigned int *count) {
+    nvmlReturn_t r = check_gi(gi);
+    if (r) return r;
+    if (!count || profile >= CI_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    sim_gpu *gp = &g.gpus[gi->gpu];
+    const lay_gi *s = &gp->gis[gi->slot].gi;
+    if (!ci_offered(profile, s->slices)) return NVML_ERROR_NOT_SUPPORTED;
+    sim_layout l;
+    pthread_mutex_lock(&mig_lock);
+    memcpy(&l, &gp->applied, sizeof l);
+    pthread_mutex_unlock(&mig_lock);
+    unsigned n = ci_profile_slices[profile], same = 0, left = 0;
+    for (int c = 0; c < l.n_ci; c++) same += l.ci[c].gi == s->id && l.ci[c].profile_id == (int)profile;
+    while (same + left < s->slices / n && l.n_ci < MAX_MIG) {
+        int start = ci_start(&l, s, n);
+        if (start < 0) break;
+        l.ci[l.n_ci++] = (lay_ci){.gi = s->id, .start = (unsigned)start, .slices = n};
+        left++;
+    }
+    *count = left;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gi, unsigned int profile,
+                                                       nvmlComputeInstance_t *cis, unsigned int *count) {
+    nvmlReturn_t r = check_gi(gi);
+    if (r) return r;
+    if (!cis || !count || profile >= CI_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    sim_gpu *gp = &g.gpus[gi->gpu];
+    unsigned n = 0;
+    pthread_mutex_lock(&mig_lock);
+    for (int a = 0; a < gp->n_mig; a++) {
+        sim_mig *m = &gp->mig[gp->order[a]];
+        if (m->gi_slot == gi->slot && m->c.profile_id == (int)profile) cis[n++] = &m->ci_handle;
+    }
+    pthread_mutex_unlock(&mig_lock);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gi, unsigned int id,
+                                                          nvmlComputeInstance_t *ci) {
+    nvmlReturn_t r = check_gi(gi);
+    if (r) return r;
+    if (!ci) return NVML_ERROR_INVALID_ARGUMENT;
+    sim_gpu *gp = &g.gpus[gi->gpu];
+    r = NVML_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&mig_lock);
+    for (int a = 0; a < gp->n_mig; a++) {
+        sim_mig *m = &gp->mig[gp->order[a]];
+        if (m->gi_slot == gi->slot && m->ci == id) *ci = &m->ci_handle, r = NVML_SUCCESS;
+    }
+    pthread_mutex_unlock(&mig_lock);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t ci, nvmlComputeInstanceInfo_t *info) {
+    nvmlReturn_t r = check_ci(ci);
+    if (r) return r;
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    sim_gpu *gp = &g.gpus[ci->gpu];
+    const sim_mig *m = &gp->mig[ci->slot];
+    info->device = &gp->h; /* the parent GPU, as nvml.h says */
+    info->gpuInstance = m->gi_slot >= 0 ? &gp->gis[m->gi_slot].handle : NULL;
+    info->id = m->ci;
+    info->profileId = (unsigned)m->c.profile_id;
+    info->placement.start = m->c.start;
+    info->placement.size = m->c.slices;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t ci, nvmlComputeInstanceInfo_t *info) {
+    return nvmlComputeInstanceGetInfo_v2(ci, info);
 }
 
 typedef struct {
@@ -1441,8 +2431,9 @@ static int next_event(sim_event_set *s, nvmlEventData_t *data) {
                 for (int i = 0; i < g.n && !found; i++) {
                     int mig = -1;
                     if (strcmp(g.gpus[i].uuid, uuid) != 0) {
-                        for (int j = 0; j < g.gpus[i].n_mig; j++)
-                            if (strcmp(g.gpus[i].mig[j].uuid, uuid) == 0) mig = j;
+                        sync_gpu(i); /* dynamic MIG devices too, while they live */
+                        for (int j = 0; j < MAX_SLOTS; j++)
+                            if (g.gpus[i].mig[j].live && strcmp(g.gpus[i].mig[j].uuid, uuid) == 0) mig = j;
                         if (mig < 0) continue;
                     }
                     if (!(s->mask[i] & EV_XID)) break;

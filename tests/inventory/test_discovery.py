@@ -28,7 +28,7 @@ except NvmlUnavailable as e:
 
 
 def parse(stdout: str) -> model.Inventory:
-    kinds = ("Inventory", "Gpu", "MigDevice", "MigAttributes", "Link", "LostGpu", "Fabric")
+    kinds = ("Inventory", "Gpu", "MigDevice", "MigAttributes", "MigProfile", "Link", "LostGpu", "Fabric")
     names = {k: getattr(model, k) for k in kinds}
     value = eval(stdout, {"__builtins__": {}}, names)  # the child printed the records' reprs
     assert isinstance(value, model.Inventory)

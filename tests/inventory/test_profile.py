@@ -33,8 +33,8 @@ def minimal(**gpu: Any) -> dict[str, Any]:
 
 def test_every_shipped_profile_loads() -> None:
     assert list_profiles() == [
-        "a100-sxm-8", "gb200-nvl-4", "h100-mig-8", "h100-mig-empty", "h100-mig-single", "mixed-4",
-        "rtx-pro-6000-mig-me", "t4",
+        "a100-80gb-mig-dynamic", "a100-sxm-8", "gb200-nvl-4", "h100-mig-8", "h100-mig-dynamic",
+        "h100-mig-empty", "h100-mig-single", "mixed-4", "rtx-pro-6000-mig-me", "t4",
     ]  # fmt: skip
     for name in list_profiles():
         inventory = load_profile(PROFILES_DIR / f"{name}.yaml")
@@ -127,7 +127,8 @@ MIG_ON = {"mig_capable": True, "mig_enabled": True}
             {"memory": 1},
             "gpus[0]: unknown field 'memory' (known fields: addressing_mode, architecture, brand, "
             "compute_capability, compute_mode, fabric, index, memory_mib, mig_capable, mig_devices, "
-            "mig_enabled, mig_pending, minor, name, numa_node, pci_bus_id, pcie_root, uuid, xid_events)",
+            "mig_enabled, mig_pending, mig_profiles, minor, name, numa_node, pci_bus_id, pcie_root, uuid, "
+            "xid_events)",
         ),
         (
             {"compute_mode": "EXCLUSIVE"},

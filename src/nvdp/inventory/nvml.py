@@ -21,7 +21,7 @@ import pynvml
 
 from nvdp.inventory.facts import ADDRESSING_MODES, architecture_from_cc, architecture_name, brand_name
 from nvdp.inventory.library import LIBRARY_NAME, candidate_paths, find_library
-from nvdp.inventory.model import Fabric, Gpu, Inventory, Link, LostGpu, MigAttributes, MigDevice
+from nvdp.inventory.model import Fabric, Gpu, Inventory, Link, LostGpu, MigAttributes, MigDevice, MigProfile
 
 # Where the host's /sys is (default /sys); the stand-in node points it at a tree of its own.
 SYSFS_ROOT_ENV = "NVDP_SYSFS_ROOT"
@@ -211,6 +211,7 @@ def _read_gpu(index: int, uuid: str, handle: Any) -> Gpu:
         mig_capable=mig_capable,
         mig_enabled=mig_enabled,
         mig_devices=read_mig_devices(index, uuid, handle) if mig_enabled else (),
+        mig_profiles=read_mig_profiles(handle) if mig_capable else (),
         fabric=_fabric(handle),
         brand=_brand(handle),
         architecture=_architecture(handle, cc),
@@ -313,6 +314,59 @@ def read_mig_devices(parent_index: int, parent_uuid: str, handle: Any) -> tuple[
             )
         )
     return tuple(devices)
+
+
+def read_mig_profiles(handle: Any) -> tuple[MigProfile, ...]:
+    """Every GPU-instance profile the GPU supports, with its possible placements (MIG mode on or off).
+    A profile index the GPU lacks answers NOT_SUPPORTED (INVALID_ARGUMENT past the driver's count);
+    a driver without the calls gives ()."""
+    profiles: list[MigProfile] = []
+    for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
+        except pynvml.NVMLError as e:
+            if e.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                return ()
+            if e.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+                continue
+            raise
+        profiles.append(
+            MigProfile(
+                name=_text(info.name).removeprefix("MIG "),  # as nvidia-smi shows it, or bare
+                profile_index=index,
+                gi_profile_id=int(info.id),
+                slices=int(info.sliceCount),
+                instances=int(info.instanceCount),
+                memory_mib=int(info.memorySizeMB),
+                multiprocessors=int(info.multiprocessorCount),
+                copy_engines=int(info.copyEngineCount),
+                decoders=int(info.decoderCount),
+                encoders=int(info.encoderCount),
+                jpeg_engines=int(info.jpegCount),
+                ofa_engines=int(info.ofaCount),
+                placements=_possible_placements(handle, int(info.id)),
+            )
+        )
+    return tuple(profiles)
+
+
+def _possible_placements(handle: Any, profile_id: int) -> tuple[tuple[int, int], ...]:
+    """nvmlDeviceGetGpuInstancePossiblePlacements_v2: asked for the count first, then the placements."""
+    try:
+        function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetGpuInstancePossiblePlacements_v2")
+    except pynvml.NVMLError as e:
+        if e.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            return ()
+        raise
+    count = ctypes.c_uint(0)
+    status = function(handle, profile_id, None, ctypes.byref(count))
+    if status not in (pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_INSUFFICIENT_SIZE):
+        raise pynvml.NVMLError(status)
+    slots = (pynvml.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+    status = function(handle, profile_id, slots, ctypes.byref(count))
+    if status != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(status)
+    return tuple((int(slots[k].start), int(slots[k].size)) for k in range(count.value))
 
 
 def _gpu_instance(parent: Any, gi_id: int) -> tuple[int | None, int | None, int | None]:

@@ -27,7 +27,16 @@ from nvdp.inventory.facts import (
     mig_memory_slices,
     pack_placements,
 )
-from nvdp.inventory.model import TOPOLOGY_LEVELS, Fabric, Gpu, Inventory, Link, MigAttributes, MigDevice
+from nvdp.inventory.model import (
+    TOPOLOGY_LEVELS,
+    Fabric,
+    Gpu,
+    Inventory,
+    Link,
+    MigAttributes,
+    MigDevice,
+    MigProfile,
+)
 
 MIB = 1024 * 1024
 MAX_MIG_DEVICES = 7
@@ -35,12 +44,25 @@ MAX_NVLINKS_PER_GPU = 36
 LEVEL_BY_NAME = {name: value for value, name in TOPOLOGY_LEVELS.items()}
 COMPUTE_MODES = ("DEFAULT", "PROHIBITED", "EXCLUSIVE_PROCESS")
 
-_TOP_FIELDS = {"description", "driver_version", "cuda_driver_version", "gpus", "nvlinks", "nvswitch", "pcie"}
+# mig_profile_sets: named lists of GPU-instance profiles that GPUs refer to with YAML anchors; read
+# only through the GPUs' mig_profiles.
+_TOP_FIELDS = {
+    "description", "driver_version", "cuda_driver_version", "gpus", "nvlinks", "nvswitch", "pcie",
+    "mig_profile_sets",
+}  # fmt: skip
 _GPU_FIELDS = {
     "index", "uuid", "name", "memory_mib", "compute_capability", "minor", "pci_bus_id", "numa_node",
     "mig_capable", "mig_enabled", "mig_pending", "mig_devices", "compute_mode", "xid_events", "fabric",
-    "brand", "architecture", "pcie_root", "addressing_mode",
+    "brand", "architecture", "pcie_root", "addressing_mode", "mig_profiles",
 }  # fmt: skip
+_MIG_PROFILE_FIELDS = {
+    "name", "profile_index", "gi_profile_id", "slices", "instances", "memory_mib", "multiprocessors",
+    "copy_engines", "decoders", "encoders", "jpeg_engines", "ofa_engines", "placements",
+}  # fmt: skip
+# Profile indices the driver knows are 0 .. this - 1: driver 580 answers INVALID_ARGUMENT from index 17
+# on (docs/mig-nvml-h100.md), the stand-in NVML too.
+GPU_INSTANCE_PROFILE_COUNT = 17
+MAX_COMPUTE_SLICES = 7
 _FABRIC_FIELDS = {"cluster_uuid", "clique_id", "state"}
 _FABRIC_STATES = ("not_started", "in_progress", "completed")
 _MIG_FIELDS = {
@@ -89,6 +111,12 @@ def inventory_from_profile(doc: Mapping[str, Any]) -> Inventory:
     raw_gpus = doc.get("gpus")
     if not isinstance(raw_gpus, list):
         raise ProfileError(f"gpus: expected a list of GPUs, got {_kind(raw_gpus)}")
+    sets = doc.get("mig_profile_sets", {})
+    if not isinstance(sets, Mapping):
+        raise ProfileError(
+            "mig_profile_sets: expected a mapping of names to lists of MIG profiles (referred to "
+            f"with YAML anchors), got {_kind(sets)}"
+        )
     gpus = tuple(_gpu(g, i) for i, g in enumerate(raw_gpus))
     _unique_uuids(gpus)
     links = _links(doc, len(gpus))
@@ -155,6 +183,7 @@ def _gpu(raw: object, i: int) -> Gpu:
         mig_capable=mig_capable,
         mig_enabled=mig_enabled,
         mig_devices=_place(migs, raw_migs, memory_mib, where),
+        mig_profiles=_mig_profiles(raw.get("mig_profiles"), mig_capable, where),
         fabric=_fabric(raw.get("fabric"), f"{where}.fabric"),
         brand=_choice(raw, "brand", where, BRANDS.values(), default_brand(name)),
         architecture=_choice(
@@ -234,6 +263,80 @@ def _no_overlap(starts: dict[int, int], sizes: dict[int, int | None], gi: int, s
                 f"{at}.placement_start: slices {start}..{start + size - 1} overlap GPU instance {other} "
                 f"(slices {begin}..{end - 1}); give each GPU instance its own slices"
             )
+
+
+def _mig_profiles(raw: object, mig_capable: bool, where: str) -> tuple[MigProfile, ...]:
+    """The GPU-instance profiles NVML reports for the GPU, with their possible placements."""
+    where = f"{where}.mig_profiles"
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ProfileError(f"{where}: expected a list of MIG profiles, got {_kind(raw)}")
+    if raw and not mig_capable:
+        raise ProfileError(f"{where}: listed, but mig_capable is not true (only a MIG-capable GPU has them)")
+    profiles = tuple(_mig_profile(p, f"{where}[{k}]") for k, p in enumerate(raw))
+    for field in ("profile_index", "gi_profile_id", "name"):
+        seen: set[object] = set()
+        for k, p in enumerate(profiles):
+            value = getattr(p, field)
+            if value in seen:
+                raise ProfileError(f"{where}[{k}].{field}: {value!r} is listed twice; each profile once")
+            seen.add(value)
+    return profiles
+
+
+def _mig_profile(raw: object, where: str) -> MigProfile:
+    if not isinstance(raw, Mapping):
+        raise ProfileError(f"{where}: expected a mapping of MIG profile fields, got {_kind(raw)}")
+    _no_unknown(raw, _MIG_PROFILE_FIELDS, where)
+    for key in sorted(_MIG_PROFILE_FIELDS):
+        if key not in raw:
+            raise ProfileError(f"{where}.{key}: required (fields: {', '.join(sorted(_MIG_PROFILE_FIELDS))})")
+    name = _str(raw, "name", where)
+    if not _MIG_PROFILE.match(name):
+        raise ProfileError(
+            f"{where}.name: expected a MIG profile like '1g.10gb' or '1g.10gb+me', got {name!r}"
+        )
+    index = _int(raw, "profile_index", where)
+    if index >= GPU_INSTANCE_PROFILE_COUNT:
+        raise ProfileError(
+            f"{where}.profile_index: NVML's profile indices are "
+            f"0..{GPU_INSTANCE_PROFILE_COUNT - 1}, got {index}"
+        )
+    slices = _positive(raw, "slices", where)
+    if slices > MAX_COMPUTE_SLICES:
+        raise ProfileError(f"{where}.slices: a GPU has {MAX_COMPUTE_SLICES} compute slices, got {slices}")
+    return MigProfile(
+        name=name,
+        profile_index=index,
+        gi_profile_id=_int(raw, "gi_profile_id", where),
+        slices=slices,
+        instances=_positive(raw, "instances", where),
+        memory_mib=_positive(raw, "memory_mib", where),
+        multiprocessors=_positive(raw, "multiprocessors", where),
+        copy_engines=_int(raw, "copy_engines", where),
+        decoders=_int(raw, "decoders", where),
+        encoders=_int(raw, "encoders", where),
+        jpeg_engines=_int(raw, "jpeg_engines", where),
+        ofa_engines=_int(raw, "ofa_engines", where),
+        placements=_placements(raw.get("placements"), f"{where}.placements"),
+    )
+
+
+def _placements(raw: object, where: str) -> tuple[tuple[int, int], ...]:
+    expected = f"a list of [start, size] pairs within the GPU's {MEMORY_SLICES} memory slices"
+    if not isinstance(raw, list) or not raw:
+        raise ProfileError(f"{where}: expected {expected}, got {_kind(raw)}")
+    placements: list[tuple[int, int]] = []
+    for k, pair in enumerate(raw):
+        ok = isinstance(pair, list) and len(pair) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in pair
+        )
+        if not ok or not (pair[0] >= 0 and pair[1] > 0 and pair[0] + pair[1] <= MEMORY_SLICES):
+            raise ProfileError(f"{where}[{k}]: expected [start, size] with start + size <= {MEMORY_SLICES} "
+                               f"and size > 0 ({expected}), got {pair!r}")
+        placements.append((pair[0], pair[1]))
+    return tuple(placements)
 
 
 def _fabric(raw: object, where: str) -> Fabric | None:
