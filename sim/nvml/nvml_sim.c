@@ -2485,3 +2485,66 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
 EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
     return nvmlEventSetWait_v2(set, data, timeout_ms);
 }
+
+/* ---------------------------------------------------------------- MIG mode switch, processes
+ *
+ * nvmlDeviceSetMigMode: Hopper and later switch at once (mig-mode/<uuid>, as set_mig_mode writes it);
+ * Ampere and older leave the switch pending a GPU reset: the current mode stays and *activationStatus is
+ * NVML_ERROR_RESET_REQUIRED while the call itself succeeds (NVIDIA's MIG user guide: "Setting MIG mode on
+ * the A100/A30 requires a GPU reset"). Refused with NVML_ERROR_IN_USE while the GPU has GPU instances.
+ * No process ever runs on a stand-in GPU: nvmlDeviceGetComputeRunningProcesses(_v3) lists none. */
+
+#define NVML_ERROR_RESET_REQUIRED_ 14
+#define ARCH_HOPPER 9
+
+EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t d, unsigned int mode, nvmlReturn_t *activationStatus) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!activationStatus || mode > 1) return NVML_ERROR_INVALID_ARGUMENT;
+    if (IS_MIG(d) || !GPU(d)->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
+    int fd = layout_lock();
+    sim_layout l;
+    current_layout(d->gpu, &l);
+    *activationStatus = NVML_SUCCESS;
+    if ((int)mode == mig_on(d->gpu)) {
+        r = NVML_SUCCESS;
+    } else if (l.n_gi > 0) {
+        r = NVML_ERROR_IN_USE;
+    } else if (GPU(d)->arch == ARCH_UNKNOWN || GPU(d)->arch < ARCH_HOPPER) {
+        *activationStatus = (nvmlReturn_t)NVML_ERROR_RESET_REQUIRED_;
+        r = NVML_SUCCESS;
+    } else {
+        char dir[1200], path[1300], tmp[1400];
+        r = NVML_ERROR_UNKNOWN;
+        if (state_path(dir, sizeof dir, "mig-mode", NULL) < 0) { /* no state dir: this process only */
+            GPU(d)->mig_enabled = (int)mode;
+            r = NVML_SUCCESS;
+        } else {
+            mkdir(dir, 0755);
+            snprintf(path, sizeof path, "%s/%s", dir, GPU(d)->uuid);
+            snprintf(tmp, sizeof tmp, "%s/.%s.%d.tmp", dir, GPU(d)->uuid, (int)getpid());
+            FILE *f = fopen(tmp, "we");
+            if (f) {
+                int ok = fputs(mode ? "1\n" : "0\n", f) >= 0;
+                ok = fclose(f) == 0 && ok;
+                if (ok && rename(tmp, path) == 0) r = NVML_SUCCESS;
+                else unlink(tmp);
+            }
+        }
+    }
+    layout_unlock(fd);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, void *infos) {
+    (void)infos;
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count, void *infos) {
+    return nvmlDeviceGetComputeRunningProcesses_v3(d, count, infos);
+}
