@@ -180,3 +180,16 @@ def test_slices_hold_counter_sets_apart_and_validate(gpus: int) -> None:
         assert len(d.get("attributes", {})) + len(d.get("capacity", {})) <= 32
     whole = next(d for d in published if d["name"] == "gpu-0")
     assert whole["consumesCounters"][0]["counters"] == sets[0]["counters"]
+
+
+def test_the_doctor_says_which_gpus_make_mig_devices_on_demand_and_why_not(tmp_path: Any) -> None:
+    from nvdp.doctor.dra_check import DraNode, dynamic_mig
+
+    sockets = str(tmp_path / "reg.sock"), str(tmp_path / "plugin" / "dra.sock")
+    plugin = DraNode("gpu.nvidia.com", *sockets, True, "")
+    ok = dynamic_mig(node(h100()), plugin)
+    assert ok.status == "PASS" and "GPU(s) [0]" in ok.detail
+    ampere = replace(h100(mig_enabled=False), architecture="Ampere")
+    bad = dynamic_mig(node(ampere), plugin)
+    assert bad.status == "FAIL" and "needs a GPU reset" in bad.detail
+    assert "nvidia-smi -i 0 -mig 1" in bad.detail

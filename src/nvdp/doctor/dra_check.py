@@ -88,6 +88,13 @@ class DraNode(Struct, frozen=True):
     on: bool
     why: str
 
+    @property
+    def checkpoint(self) -> str:
+        """The plugin's checkpoint (beside its socket): which MIG devices it made (migStrategy dynamic)."""
+        from nvdp.dra.checkpoint import CHECKPOINT_FILE
+
+        return os.path.join(os.path.dirname(self.plugin_socket), CHECKPOINT_FILE)
+
 
 def dra_node(env: Mapping[str, str]) -> DraNode:
     """The DRA plugin's driver and sockets as `nvidia-dra-plugin` takes them from `env`, and whether it
@@ -150,10 +157,29 @@ class DraChecks:
         if node_mode(self.config, self.where.env, node) == "device-plugin":
             return [dra_registration(node, timeout), dra_no_slices(node, self.where.node_name,
                                                                    self.dra_kubeconfig)]
-        return [
+        found = [
             dra_registration(node, timeout),
-            dra_slices(node, self.where.node_name, self.dra_kubeconfig, self.inventory),
+            dra_slices(node, self.where.node_name, self.dra_kubeconfig, self.inventory, self.config),
         ]
+        if self.config.flags.mig_strategy == "dynamic" and self.inventory is not None:
+            found.append(dynamic_mig(self.inventory, node))
+        return found
+
+
+def dynamic_mig(inventory: Inventory, node: DraNode) -> Finding:
+    """migStrategy dynamic: whether every MIG-capable GPU can have MIG devices made on demand (MIG mode
+    on, or switchable without a reset), and MIG devices the plugin did not make; the plugin's own
+    words (nvdp.dra.pool.dynamic_warnings)."""
+    from nvdp.dra.checkpoint import made_instance_uuids
+    from nvdp.dra.partitions import partitions_published
+    from nvdp.dra.pool import dynamic_warnings, foreign_instances
+
+    title = "Dynamic MIG"
+    warnings = dynamic_warnings(inventory, foreign_instances(inventory, made_instance_uuids(node.checkpoint)))
+    if warnings:
+        return failed("dra-mig", title, " ".join(warnings), "the fix is named with each GPU above")
+    ready = [g.index for g in inventory.gpus if partitions_published(g)]
+    return passed("dra-mig", title, f"MIG devices are made on demand on GPU(s) {ready or 'none'}")
 
 
 # --- registration --------------------------------------------------------------------------------------
@@ -250,8 +276,8 @@ class _Pool(Struct, frozen=True):
     older: int  # slices of older generations (the scheduler ignores them)
 
 
-def dra_slices(node: DraNode, node_name: str, kubeconfig: str | None, inventory: Inventory | None
-               ) -> Finding:
+def dra_slices(node: DraNode, node_name: str, kubeconfig: str | None, inventory: Inventory | None,
+               config: Config | None = None) -> Finding:
     """The node's slices of the driver in the API server against the devices its GPUs give."""
     from nvdp.kube import KubeConnectError, connect, list_slices
 
@@ -286,7 +312,24 @@ def dra_slices(node: DraNode, node_name: str, kubeconfig: str | None, inventory:
     if inventory is None:
         return skipped(check, SLICES_TITLE, f"{where}, {len(published)} device(s); not compared with this "
                                             "node's GPUs: NVML did not load (see above)")
-    return _compare(check, where, published, inventory, _newest_taints(found, pools))
+    return _compare(check, where, published, _expected(config or Config(), inventory, node),
+                    _newest_taints(found, pools))
+
+
+def _expected(config: Config, inventory: Inventory, node: DraNode) -> dict[str, str]:
+    """Device name -> UUID of what the plugin publishes for these GPUs, by the plugin's own functions
+    (nvdp.dra.pool; its checkpoint for the MIG devices it made under migStrategy dynamic); the bare
+    devices when the config cannot be applied (the plugin then says why)."""
+    from nvdp.dra.checkpoint import made_instance_uuids
+    from nvdp.dra.devices import dra_devices
+    from nvdp.dra.pool import pool_devices
+    from nvdp.plan import PlanError
+
+    try:
+        devices = pool_devices(config, inventory, made_instance_uuids(node.checkpoint))
+    except PlanError:
+        devices = dra_devices(inventory)
+    return {d.name: d.uuid for d in devices}
 
 
 def dra_no_slices(node: DraNode, node_name: str, kubeconfig: str | None) -> Finding:
@@ -314,12 +357,10 @@ def dra_no_slices(node: DraNode, node_name: str, kubeconfig: str | None) -> Find
                   "both APIs", FIX_BOTH)
 
 
-def _compare(check: str, where: str, published: Mapping[str, str], inventory: Inventory,
+def _compare(check: str, where: str, published: Mapping[str, str], expected: Mapping[str, str],
              taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> Finding:
-    from nvdp.dra.devices import dra_devices
     from nvdp.dra.taints import is_down, what_brings_back
 
-    expected = {d.name: d.uuid for d in dra_devices(inventory)}
     missing = [name for name in expected if name not in published]
     other = [f"{name} ({uuid or 'no uuid'}, this node's is {expected[name]})"
              for name, uuid in published.items() if name in expected and uuid != expected[name]]

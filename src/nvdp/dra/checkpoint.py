@@ -32,6 +32,7 @@ from nvdp.dra.server import PreparedDevice
 from nvdp.dra.sharing import ClaimShare
 
 CHECKPOINT_VERSION = 1
+CHECKPOINT_FILE = "checkpoint.json"  # in the plugin's folder, beside its socket
 KEEP_SET_ASIDE = 5
 _REBUILT = "the prepared claims are rebuilt from the API server"
 

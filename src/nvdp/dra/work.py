@@ -22,6 +22,7 @@ from nvdp.daemon.handover import ModeHandover
 from nvdp.daemon.healthwatch import HealthWatch
 from nvdp.daemon.skeleton import DaemonWork, Skeleton
 from nvdp.dra import probes
+from nvdp.dra.checkpoint import CHECKPOINT_FILE
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.keeper import SliceKeeper
 from nvdp.dra.serving import Serving, prepare
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     from nvdp.mode import NodeApi
     from nvdp.nodeconfig import Chosen
 
-CHECKPOINT_FILE = "checkpoint.json"
 LOCK_FILE = "pu.lock"
 # The loop wakes this often to check that its sockets are still there (a kubelet's clean-up, or an
 # operator, may remove them; the plugin watcher then forgets the driver until they are back).
