@@ -29,4 +29,10 @@ echo "== lint-imports"; lint-imports --no-cache
 if [ "$QUICK" = 1 ]; then
   echo "== pytest (quick: not slow)"; NVDP_QUICK=1 exec pytest -q -m "not slow" "$@"
 fi
-echo "== pytest"; exec pytest -q "$@"
+# Two workers: the end-to-end stories on one (they share the kit's node), everything else on the
+# other meanwhile (tests/conftest.py groups them). NVDP_TEST_WORKERS=0 runs in one process.
+WORKERS="${NVDP_TEST_WORKERS:-2}"
+if [ "$WORKERS" = 0 ]; then
+  echo "== pytest"; exec pytest -q "$@"
+fi
+echo "== pytest ($WORKERS workers)"; exec pytest -q -n "$WORKERS" --dist loadgroup "$@"

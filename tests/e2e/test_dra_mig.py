@@ -71,8 +71,8 @@ def sim_env() -> dict[str, str]:
 def sim_mig(*args: str) -> Any:
     done = subprocess.run([sys.executable, "-m", "sim.nvml.mig", *args], env=sim_env(), cwd=ROOT,
                           capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout) if done.stdout.strip() else None
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)["result"] if done.stdout.strip() else None
 
 
 def gpu_uuid() -> str:

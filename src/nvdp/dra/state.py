@@ -29,12 +29,9 @@ no prepared claim owns are removed only when the API server's answer shows their
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
-import os
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from msgspec import Struct
@@ -46,6 +43,7 @@ from nvdp.dra.checkpoint import ClaimEntry, load_checkpoint, save_checkpoint
 from nvdp.dra.claims import Allocated, ClaimProblem, check_claim, describe
 from nvdp.dra.devices import DraDevice
 from nvdp.dra.instances import ClaimInstances, MadeInstance
+from nvdp.dra.lock import node_lock
 from nvdp.dra.rebuild import (
     holders_on,
     in_use_here,
@@ -405,29 +403,8 @@ class ClaimPreparer:
     def _save(self) -> None:
         save_checkpoint(self._path, self._claims)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        if not self._lock.acquire(timeout=LOCK_WAIT_S):
-            raise TimeoutError(f"another prepare or unprepare has held this plugin for over "
-                               f"{LOCK_WAIT_S:g}s; the kubelet retries")
-        try:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                deadline = time.monotonic() + LOCK_WAIT_S
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if time.monotonic() > deadline:
-                            raise TimeoutError(f"another plugin instance holds {self._lock_path}; "
-                                               "the kubelet retries") from None
-                        time.sleep(0.05)
-                yield
-            finally:
-                os.close(fd)  # closing releases the flock
-        finally:
-            self._lock.release()
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return node_lock(self._lock, self._lock_path, LOCK_WAIT_S)
 
 
 def _made(made: Sequence[MadeInstance]) -> dict[str, MigDevice]:
