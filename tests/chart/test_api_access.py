@@ -70,6 +70,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Rules], dict[str, bool]]] = {
     "dra.enabled": (
         {"dra": {"enabled": True}},
         {DRA: rules(("resource.k8s.io", "resourceclaims", "get list watch"),
+                    ("resource.k8s.io", "resourceclaims/status", "patch"),
                     ("resource.k8s.io", "resourceslices", "get list watch create update delete"),
                     NODE_READ, ("", "pods", "list"), EVENTS)},
         {DRA: True}),
