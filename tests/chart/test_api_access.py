@@ -71,6 +71,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Rules], dict[str, bool]]] = {
         {"dra": {"enabled": True}},
         {DRA: rules(("resource.k8s.io", "resourceclaims", "get list watch"),
                     ("resource.k8s.io", "resourceclaims/status", "patch"),
+                    ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
                     ("resource.k8s.io", "resourceslices", "get list watch create update delete"),
                     NODE_READ, ("", "pods", "list"), EVENTS)},
         {DRA: True}),

@@ -140,6 +140,7 @@ def test_rbac_and_policy_name_the_dra_account() -> None:
         ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
         # the UUID of a MIG device made for a claim (migStrategy dynamic), in its status
         ("resource.k8s.io", "resourceclaims/status"): {"patch"},
+        ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch"},  # for this driver only
         ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
         ("", "nodes"): {"get", "list", "watch"},
         ("", "pods"): {"list"},  # the per-node mode: a switch waits while pods use the GPUs

@@ -285,6 +285,7 @@ def test_three_mig_claims_run_together_each_with_its_own_device(
     assert sorted(m["profile"] for m in made.values()) == ["1g.10gb", "2g.20gb", "3g.40gb"]
     for name in ("mig-big", "mig-mid", "mig-small"):
         claim = pod_claim(cluster, name)
+        assert claim["status"].get("devices"), plugin_log(cluster, release)[-4000:]
         (entry,) = claim["status"]["devices"]
         mig = made[entry["data"]["uuid"]]
         assert entry["data"]["profile"] == mig["profile"] and entry["data"]["parentUUID"] == gpu_uuid()
