@@ -40,7 +40,7 @@ import pytest
 
 from .e2e_cluster import ROOT, SIM_STATE_DIR, Cluster, Images, Release, Timings, story_release
 from .test_cdi import DRIVER_VERSION, LIBDIR, LIBRARIES, HostSetup
-from .test_dra import claim_host, delete_pod, pod_ready
+from .test_dra import claim_host, pod_ready
 
 SCENARIO = "DRA dynamic MIG"
 pytestmark = pytest.mark.incremental
@@ -175,6 +175,10 @@ def pod(name: str, image: str, claim_template: str) -> dict[str, Any]:
 def get_pod(cluster: Cluster, name: str) -> dict[str, Any] | None:
     done = cluster.kubectl("get", "pod", "-n", NAMESPACE, name, "-o", "json", check=False)
     return json.loads(done.stdout) if done.returncode == 0 else None
+
+
+def delete_pod(cluster: Cluster, name: str) -> None:
+    cluster.kubectl("delete", "pod", "-n", NAMESPACE, name, "--wait=true", check=False, timeout=90)
 
 
 def ready(cluster: Cluster, name: str) -> bool:
