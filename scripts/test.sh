@@ -24,15 +24,33 @@ if [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ -x "$K8S_DIR/assets/bin/kube-apiserver"
   export KUBEBUILDER_ASSETS="$K8S_DIR/assets/bin"
 fi
 echo "== ruff"; ruff check src tests sim bench scripts
-echo "== mypy"; mypy
-echo "== lint-imports"; lint-imports --no-cache
 if [ "$QUICK" = 1 ]; then
+  echo "== mypy"; mypy
+  echo "== lint-imports"; lint-imports --no-cache
   echo "== pytest (quick: not slow)"; NVDP_QUICK=1 exec pytest -q -m "not slow" "$@"
 fi
+# The full suite: mypy and the import contracts run beside pytest, whose end-to-end stories mostly
+# wait on the kit's node; their output follows pytest's, and any failure fails the run.
+CHECKS="$(mktemp -d)"
+trap 'rm -rf "$CHECKS"' EXIT
+( mypy >"$CHECKS/mypy" 2>&1; echo $? >"$CHECKS/mypy.rc" ) &
+( lint-imports --no-cache >"$CHECKS/lint-imports" 2>&1; echo $? >"$CHECKS/lint-imports.rc" ) &
 # Two workers: the end-to-end stories on one (they share the kit's node), everything else on the
 # other meanwhile (tests/conftest.py groups them). NVDP_TEST_WORKERS=0 runs in one process.
 WORKERS="${NVDP_TEST_WORKERS:-2}"
+status=0
 if [ "$WORKERS" = 0 ]; then
-  echo "== pytest"; exec pytest -q "$@"
+  echo "== pytest"; pytest -q "$@" || status=$?
+else
+  echo "== pytest ($WORKERS workers)"; pytest -q -n "$WORKERS" --dist loadgroup "$@" || status=$?
 fi
-echo "== pytest ($WORKERS workers)"; exec pytest -q -n "$WORKERS" --dist loadgroup "$@"
+wait
+for check in mypy lint-imports; do
+  echo "== $check"; cat "$CHECKS/$check"
+  rc=$(cat "$CHECKS/$check.rc")
+  if [ "$rc" != 0 ]; then
+    echo "$check failed (exit $rc)"
+    status=1
+  fi
+done
+exit "$status"
