@@ -27,13 +27,14 @@ for _path in (str(ROOT), str(ROOT / "scripts")):
         sys.path.insert(0, _path)
 
 # The throwaway kube-apiserver fixtures (`kube_api`, `kube_api_private`), for every test folder.
+from tests.groups import KIT_GROUP  # noqa: E402
 from tests.kube.envtest import kube_api, kube_api_private  # noqa: E402, F401
 
 QUICK_ENV = "NVDP_QUICK"
 # Fixtures that start a kube-apiserver or bring up the kit's node: a test taking one is slow.
 SERVER_FIXTURES = frozenset({"kube_api", "kube_api_private", "cluster", "images"})
 SLOW_FOLDERS = ("e2e",)
-KIT_FOLDER, KIT_GROUP = "e2e", "kit-node"
+KIT_FOLDER = "e2e"
 
 
 def quick_run() -> bool:

@@ -13,7 +13,11 @@ from types import ModuleType
 
 import pytest
 
-pytestmark = pytest.mark.slow  # starts processes
+from tests.groups import KIT_GROUP
+
+# Starts processes; and NVIDIA's mock NVML needs the host without /dev/nvidia0, which the end-to-end
+# stories make while they run: so it runs on their worker, after them.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(KIT_GROUP)]
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "plugin_bench.py"
