@@ -263,6 +263,14 @@ class Cluster:
                 out.append(f"--- {name}/{container['name']}\n{done.stdout}{done.stderr}")
         return "\n".join(out)
 
+    def refresh_config_volumes(self, namespace: str, selector: str) -> None:
+        """Have the kubelet sync the pods now, which refreshes their ConfigMap volumes: by itself it does
+        so at its next periodic sync (up to its syncFrequency, 1 min, after the change), a wait of the
+        kubelet's, not of the software under test. An annotation change is a pod update, which the
+        kubelet syncs at once."""
+        self.kubectl("annotate", "pods", "-n", namespace, "-l", selector, "--overwrite",
+                     f"nvdp-e2e/config-refresh={time.time_ns()}")
+
     def exec(self, namespace: str, pod: str, *argv: str) -> str:
         return self.kubectl("exec", "-n", namespace, pod, "--", *argv).stdout
 

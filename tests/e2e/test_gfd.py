@@ -76,6 +76,7 @@ def test_switch_to_time_slicing_sets_mps_capable_false(
     with timings.measure(SCENARIO, "helm upgrade to time-slicing x4 --wait"):
         config = f"config.map.config={DATA / 'time-slicing-4.yaml'}"
         release.upgrade("-f", str(DATA / "seed-004-values.yaml"), "--set-file", config, *GFD_ON)
+    cluster.refresh_config_volumes(release.namespace, release.selector)
 
     def relabelled() -> dict[str, str] | None:
         labels = gfd_labels(cluster)

@@ -138,11 +138,12 @@ def test_upgrade_to_time_slicing(cluster: Cluster, release: Release, timings: Ti
     with timings.measure("upgrade to time-slicing x4", "helm upgrade --wait"):
         release.upgrade("-f", str(DATA / "seed-004-values.yaml"),
                         "--set-file", f"config.map.config={DATA / 'time-slicing-4.yaml'}")  # fmt: skip
+    cluster.refresh_config_volumes(release.namespace, release.selector)
     timings.add(
         "upgrade to time-slicing x4",
         "upgraded -> allocatable 4",
-        # The config reaches the plugin through its mounted ConfigMap, which the kubelet refreshes after
-        # its sync period plus its cache's TTL (up to about two minutes), not at the upgrade.
+        # The config reaches the plugin through its mounted ConfigMap, which the kubelet refreshes at a
+        # pod sync (refresh_config_volumes asks for one; without it, up to about two minutes).
         cluster.wait_allocatable(4, timeout=CONFIGMAP_PROPAGATION_S, namespace=release.namespace),
     )
     cluster.wait_for("the MPS daemon's pods to go", lambda: not release.pods("mps-control-daemon"), 60)
