@@ -29,25 +29,35 @@ if [ "$QUICK" = 1 ]; then
   echo "== lint-imports"; lint-imports --no-cache
   echo "== pytest (quick: not slow)"; NVDP_QUICK=1 exec pytest -q -m "not slow" "$@"
 fi
-# The full suite: mypy and the import contracts run beside pytest, whose end-to-end stories mostly
-# wait on the kit's node; their output follows pytest's, and any failure fails the run.
-CHECKS="$(mktemp -d)"
-trap 'rm -rf "$CHECKS"' EXIT
-( mypy >"$CHECKS/mypy" 2>&1; echo $? >"$CHECKS/mypy.rc" ) &
-( lint-imports --no-cache >"$CHECKS/lint-imports" 2>&1; echo $? >"$CHECKS/lint-imports.rc" ) &
-# Two workers: the end-to-end stories on one (they share the kit's node), everything else on the
-# other meanwhile (tests/conftest.py groups them). NVDP_TEST_WORKERS=0 runs in one process.
-WORKERS="${NVDP_TEST_WORKERS:-2}"
-status=0
-if [ "$WORKERS" = 0 ]; then
-  echo "== pytest"; pytest -q "$@" || status=$?
-else
-  echo "== pytest ($WORKERS workers)"; pytest -q -n "$WORKERS" --dist loadgroup "$@" || status=$?
+# The full suite in two pytest processes side by side, with mypy and the import contracts beside them:
+# the end-to-end stories, which share the kit's one node and mostly wait on it, and the tests that need
+# the host as those stories leave it (NVIDIA's mock NVML: no /dev/nvidia0), in one process; everything
+# else in the other. The first's output and the checks' follow the second's; any failure fails the run.
+# With pytest arguments (a path, -k ...), or NVDP_TEST_SERIAL=1: one pytest process after the checks.
+if [ "$#" -gt 0 ] || [ "${NVDP_TEST_SERIAL:-0}" = 1 ]; then
+  echo "== mypy"; mypy
+  echo "== lint-imports"; lint-imports --no-cache
+  echo "== pytest"; exec pytest -q "$@"
 fi
+KIT_TESTS=(tests/e2e tests/footprint/test_bench_runs.py)
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+( mypy >"$OUT/mypy" 2>&1; echo $? >"$OUT/mypy.rc" ) &
+( lint-imports --no-cache >"$OUT/lint-imports" 2>&1; echo $? >"$OUT/lint-imports.rc" ) &
+( pytest -q -p no:cacheprovider "${KIT_TESTS[@]}" >"$OUT/pytest-kit" 2>&1; echo $? >"$OUT/pytest-kit.rc" ) &
+ignore=()
+for path in "${KIT_TESTS[@]}"; do ignore+=("--ignore=$path"); done
+status=0
+echo "== pytest: all but ${KIT_TESTS[*]} (those run beside it; their output follows)"
+pytest -q "${ignore[@]}" || status=$?
 wait
-for check in mypy lint-imports; do
-  echo "== $check"; cat "$CHECKS/$check"
-  rc=$(cat "$CHECKS/$check.rc")
+for check in pytest-kit mypy lint-imports; do
+  case "$check" in
+    pytest-kit) echo "== pytest: ${KIT_TESTS[*]}";;
+    *) echo "== $check";;
+  esac
+  cat "$OUT/$check"
+  rc=$(cat "$OUT/$check.rc")
   if [ "$rc" != 0 ]; then
     echo "$check failed (exit $rc)"
     status=1

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -27,14 +26,12 @@ for _path in (str(ROOT), str(ROOT / "scripts")):
         sys.path.insert(0, _path)
 
 # The throwaway kube-apiserver fixtures (`kube_api`, `kube_api_private`), for every test folder.
-from tests.groups import KIT_GROUP  # noqa: E402
 from tests.kube.envtest import kube_api, kube_api_private  # noqa: E402, F401
 
 QUICK_ENV = "NVDP_QUICK"
 # Fixtures that start a kube-apiserver or bring up the kit's node: a test taking one is slow.
 SERVER_FIXTURES = frozenset({"kube_api", "kube_api_private", "cluster", "images"})
 SLOW_FOLDERS = ("e2e",)
-KIT_FOLDER = "e2e"
 
 
 def quick_run() -> bool:
@@ -49,35 +46,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     build_library()
 
 
-_session_started: list[float] = []
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    _session_started.append(time.time())
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    """Under pytest-xdist the end-to-end stories ran in a worker, which has no terminal: their timings
-    table (tests/e2e/conftest.py writes it at tear-down) is printed here, when this run wrote it."""
-    if getattr(config, "workerinput", None) is not None or not config.pluginmanager.hasplugin("dsession"):
-        return
-    table = ROOT / ".build" / "e2e-timings.txt"
-    if table.exists() and _session_started and table.stat().st_mtime >= _session_started[0]:
-        title, _, body = table.read_text(encoding="utf-8").partition("\n")
-        terminalreporter.write_sep("-", title)
-        terminalreporter.write_line(body.rstrip("\n"))
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         folder = Path(item.path).relative_to(ROOT / "tests").parts[0] if Path(item.path).is_relative_to(
             ROOT / "tests") else ""
         if folder in SLOW_FOLDERS or SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-        if folder == KIT_FOLDER:
-            # One worker runs every story on the kit's one node, in order (pytest-xdist's loadgroup);
-            # the other workers run the rest of the suite meanwhile, while the stories mostly wait.
-            item.add_marker(pytest.mark.xdist_group(KIT_GROUP))
 
 
 class _ProcessLog:

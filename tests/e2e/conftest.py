@@ -35,7 +35,6 @@ from .e2e_cluster import (
 PROFILE = os.environ.get("PROFILE", "t4")
 TIMINGS = Timings()
 RESULTS = ROOT / "bench" / "RESULTS.md"
-TIMINGS_FILE = ROOT / ".build" / "e2e-timings.txt"
 BEGIN, END = "<!-- e2e-timings:begin -->", "<!-- e2e-timings:end -->"
 _started: list[float] = []  # set-up began (lock held)
 _finished: list[float] = []  # tear-down ended
@@ -85,17 +84,6 @@ def _tear_down(backend: Cluster) -> None:
     with TIMINGS.measure("tear-down", "node down"):
         backend.down()
     _finished.append(time.monotonic())
-    # Also in a file: under pytest-xdist this runs in a worker, and the controller prints the file
-    # (tests/conftest.py) since a worker has no terminal of its own.
-    total = _finished[0] - _started[0]
-    TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
-    TIMINGS_FILE.write_text(f"{_title(total)}\n{TIMINGS.table()}\n", encoding="utf-8")
-    if os.environ.get("NVDP_E2E_RECORD") == "1":
-        _record(total)
-
-
-def _title(total_s: float) -> str:
-    return f"end-to-end timings (seconds; the suite took {total_s:.0f} s)"
 
 
 @pytest.fixture(scope="package")
@@ -156,5 +144,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not TIMINGS.rows or not _started:
         return
     total = (_finished[0] if _finished else time.monotonic()) - _started[0]
-    terminalreporter.write_sep("-", _title(total))
+    terminalreporter.write_sep("-", f"end-to-end timings (seconds; the suite took {total:.0f} s)")
     terminalreporter.write_line(TIMINGS.table())
+    if os.environ.get("NVDP_E2E_RECORD") == "1":
+        _record(total)

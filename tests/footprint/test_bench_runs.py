@@ -13,11 +13,9 @@ from types import ModuleType
 
 import pytest
 
-from tests.groups import KIT_GROUP
-
-# Starts processes; and NVIDIA's mock NVML needs the host without /dev/nvidia0, which the end-to-end
-# stories make while they run: so it runs on their worker, after them.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(KIT_GROUP)]
+# Starts processes. NVIDIA's mock NVML needs the host without the /dev/nvidia0 the end-to-end stories
+# make while they run: scripts/test.sh runs this file after them, in their process.
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "plugin_bench.py"
