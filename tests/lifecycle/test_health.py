@@ -92,6 +92,14 @@ def test_event_targets_gpu_and_mig() -> None:
     assert event_targets(inv, "GPU-9", 1, 0) == {"GPU-9"}
 
 
+def test_an_event_on_a_mig_device_made_for_a_claim_marks_its_gpu() -> None:
+    """migStrategy dynamic: a MIG device made after start-up serves a claim through one of the GPU's
+    placements, so its fault takes the GPU's placements down instead of being ignored."""
+    inv = inventory(gpu(0, mig=(mig_device(0, 0, 1, 0),)))
+    assert event_targets(inv, "GPU-0", 7, 0, made_on_demand=True) == {"GPU-0"}
+    assert event_targets(inv, "GPU-0", 1, 0, made_on_demand=True) == {"MIG-0-0"}
+
+
 class Reports:
     """The consumer: each call as (the devices the changes name, their reasons), and the latest
     set of all unhealthy UUIDs."""

@@ -43,11 +43,15 @@ OnNotice = Callable[[str, int | None], None]
 RECHECK_EVERY_S = 1.0
 
 
-def event_targets(inventory: Inventory, gpu_uuid: str, gi_id: int, ci_id: int) -> frozenset[str]:
+def event_targets(inventory: Inventory, gpu_uuid: str, gi_id: int, ci_id: int, *,
+                  made_on_demand: bool = False) -> frozenset[str]:
     """The UUIDs an event on `gpu_uuid` makes unhealthy: the GPU, or just one of its MIG devices.
 
     A MIG event names its GPU and compute instance; when that instance is not in the inventory
-    (created after start-up) nothing the plugin advertises is affected, so the result is empty.
+    (created after start-up) nothing the plugin advertises is affected, so the result is empty;
+    except under migStrategy dynamic (`made_on_demand`), where the DRA plugin made it for a claim:
+    its devices are the GPU's placements, so the GPU is marked, which takes them all down (the
+    faulted MIG device with them; none is handed out again until the GPU is fine).
     """
     if gi_id == NO_INSTANCE or ci_id == NO_INSTANCE:
         return frozenset({gpu_uuid})
@@ -57,7 +61,7 @@ def event_targets(inventory: Inventory, gpu_uuid: str, gi_id: int, ci_id: int) -
     for mig in gpu.mig_devices:
         if mig.gi_id == gi_id and mig.ci_id == ci_id:
             return frozenset({mig.uuid})
-    return frozenset()
+    return frozenset({gpu_uuid}) if made_on_demand else frozenset()
 
 
 def monitor_for(config: Config, inventory: Inventory, ledger: Ledger, on_health: OnHealth,
@@ -67,7 +71,8 @@ def monitor_for(config: Config, inventory: Inventory, ledger: Ledger, on_health:
     from nvdp.health.xid_policy import policy_from_config
 
     return HealthMonitor(inventory, policy_from_config(config), ledger, on_health, log, recorder=recorder,
-                         state_dir=config.flags.plugin.health_state_dir, writer=writer, on_notice=on_notice)
+                         state_dir=config.flags.plugin.health_state_dir, writer=writer, on_notice=on_notice,
+                         made_on_demand=config.flags.mig_strategy == "dynamic")
 
 
 class HealthMonitor:
@@ -94,8 +99,10 @@ class HealthMonitor:
         writer: str = "nvidia-device-plugin",
         clock: Callable[[], float] = time.time,
         on_notice: OnNotice | None = None,
+        made_on_demand: bool = False,
     ) -> None:
         self._inventory = inventory
+        self._made_on_demand = made_on_demand  # migStrategy dynamic: see event_targets
         self._policy = policy
         self.ledger = ledger
         self._on_health = on_health
@@ -265,7 +272,7 @@ class HealthMonitor:
             unknown = f"{cause.reason} on a GPU that could not be identified"
             self._report(every, replace(cause, reason=unknown))
             return
-        targets = event_targets(self._inventory, gpu_uuid, gi_id, ci_id)
+        targets = event_targets(self._inventory, gpu_uuid, gi_id, ci_id, made_on_demand=self._made_on_demand)
         if not targets:
             self._log.warning(
                 "XID %d on GPU %s instance %d/%d, which no resource advertises; ignoring it",
