@@ -45,10 +45,6 @@ class InstanceControl(Protocol):
     def destroy(self, gpu_uuid: str, gi_id: int, ci_id: int) -> None: ...
 
 
-def owned_uuids(made: Iterable[MadeInstance]) -> frozenset[str]:
-    return frozenset(m.mig.uuid for m in made)
-
-
 # Writes a claim's device status for this driver (nvdp.kube.apply_device_status, bound to the client
 # and driver): namespace, name, entries.
 StatusWriter = Callable[[str, str, list[dict[str, Any]]], None]

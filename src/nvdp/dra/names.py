@@ -50,10 +50,15 @@ def mig_device_name(gpu: Gpu, mig: MigDevice) -> str:
     Without the GPU instance facts (NVML that could not read them) the GPU and compute instance ids
     stand in: "gpu-0-mig-1g10gb-gi7-ci0".
     """
-    profile = rfc1123(mig.profile.replace(".", ""))
     if mig.gi_profile_id is None or mig.placement_start is None:
-        return f"gpu-{gpu.minor}-mig-{profile}-gi{mig.gi_id}-ci{mig.ci_id}"
-    return f"gpu-{gpu.minor}-mig-{profile}-{mig.gi_profile_id}-{mig.placement_start}"
+        return f"gpu-{gpu.minor}-mig-{rfc1123(mig.profile.replace('.', ''))}-gi{mig.gi_id}-ci{mig.ci_id}"
+    return placement_device_name(gpu, mig.profile, mig.gi_profile_id, mig.placement_start)
+
+
+def placement_device_name(gpu: Gpu, profile: str, gi_profile_id: int, start: int) -> str:
+    """The MIG device of `profile` at placement `start`, made or not (migStrategy dynamic publishes it
+    before it exists): "gpu-<parent minor>-mig-<profile>-<GI profile id>-<placement start>"."""
+    return f"gpu-{gpu.minor}-mig-{rfc1123(profile.replace('.', ''))}-{gi_profile_id}-{start}"
 
 
 def device_kind(name: str) -> str:

@@ -35,7 +35,7 @@ from nvdp.dra.devices import (
     common_attributes,
     gpu_device,
 )
-from nvdp.dra.names import rfc1123
+from nvdp.dra.names import placement_device_name
 from nvdp.inventory.model import Gpu, Inventory, MigDevice, MigProfile
 
 MEMORY_SLICES = 8
@@ -102,11 +102,6 @@ def placement_counters(profile: MigProfile, start: int, size: int) -> dict[str, 
     return used
 
 
-def partition_name(gpu: Gpu, profile: MigProfile, start: int) -> str:
-    """The name a static MIG device of this placement has (nvdp.dra.names.mig_device_name)."""
-    return f"gpu-{gpu.minor}-mig-{rfc1123(profile.name.replace('.', ''))}-{profile.gi_profile_id}-{start}"
-
-
 def occupied(instances: Iterable[MigDevice]) -> frozenset[int]:
     """The memory slices live GPU instances take."""
     taken: set[int] = set()
@@ -169,7 +164,7 @@ def _partition(gpu: Gpu, profile: MigProfile, start: int, size: int, common: Att
     for i in range(start, start + size):
         capacity[f"memorySlice{i}"] = {"value": "1"}
     return DraDevice(
-        name=partition_name(gpu, profile, start),
+        name=placement_device_name(gpu, profile.name, profile.gi_profile_id, start),
         kind="mig",
         uuid="",
         gpu_uuid=gpu.uuid,
