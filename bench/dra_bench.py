@@ -57,7 +57,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 from msgspec.structs import replace  # noqa: E402
 from plugin_bench import _cdi_node, load_average, percentile, print_rows  # noqa: E402
 
-from nvdp.dra.devices import DraDevice, dra_devices  # noqa: E402
+from nvdp.dra.pool.devices import DraDevice, dra_devices  # noqa: E402
 from nvdp.inventory.model import Inventory  # noqa: E402
 from nvdp.inventory.profile import load_profile  # noqa: E402
 
@@ -123,9 +123,10 @@ def dra_plugin(work: Path, inventory: Inventory, claims: Mapping[tuple[str, str]
     With `mps`, its GPUs are published shared (4 replicas) and MPS claims run nvdp's MPS daemons."""
     from nvdp.cdi.host import discover_host
     from nvdp.config.model import Config, Flags, PluginFlags
-    from nvdp.dra.cdi_specs import ClaimSpecWriter
-    from nvdp.dra.server import DraServer
-    from nvdp.dra.state import ClaimPreparer, NodeView
+    from nvdp.dra.claims.cdi_specs import ClaimSpecWriter
+    from nvdp.dra.claims.preparer import ClaimPreparer
+    from nvdp.dra.claims.view import NodeView
+    from nvdp.dra.kubelet.server import DraServer
 
     root, proc = _cdi_node(work, inventory)
     config = Config(flags=Flags(plugin=PluginFlags(container_driver_root=str(root))))
@@ -139,9 +140,9 @@ def dra_plugin(work: Path, inventory: Inventory, claims: Mapping[tuple[str, str]
     log = quiet_log("bench-dra-plugin")
     sharing = None
     if mps:
-        from nvdp.dra.mps import ClaimMps
-        from nvdp.dra.sharing import NodeSharing
-        from nvdp.recording import Recorder
+        from nvdp.daemon.report.recording import Recorder
+        from nvdp.dra.claims.sharing.mps import ClaimMps
+        from nvdp.dra.claims.sharing.node import NodeSharing
 
         mps_root = Path(tempfile.mkdtemp(prefix="mps", dir="/tmp"))  # unix socket paths are short
         manager = ClaimMps(root=mps_root, host_root="/run/nvidia/mps", driver=DRIVER, inventory=inventory,
@@ -169,8 +170,8 @@ def dra_plugin(work: Path, inventory: Inventory, claims: Mapping[tuple[str, str]
 def bench_prepare(rounds: int) -> list[tuple[str, ...]]:
     """Prepare and unprepare p50 / p99 over the plugin's gRPC socket, for claims of 1 and 8 GPUs."""
     from nvdp.daemon.grpc_import import grpc
-    from nvdp.dra.api import dra_v1_pb2 as api
-    from nvdp.dra.api import dra_v1_pb2_grpc
+    from nvdp.dra.kubelet.api import dra_v1_pb2 as api
+    from nvdp.dra.kubelet.api import dra_v1_pb2_grpc
 
     inventory = load_profile(PROFILE)
     names = [d.name for d in dra_devices(inventory)]
@@ -212,8 +213,8 @@ def bench_prepare(rounds: int) -> list[tuple[str, ...]]:
 def bench_mps(rounds: int) -> list[tuple[str, ...]]:
     """Prepare p50 / p99 of an MPS claim of 1 GPU, with its GPU's MPS daemon not up, and up."""
     from nvdp.daemon.grpc_import import grpc
-    from nvdp.dra.api import dra_v1_pb2 as api
-    from nvdp.dra.api import dra_v1_pb2_grpc
+    from nvdp.dra.kubelet.api import dra_v1_pb2 as api
+    from nvdp.dra.kubelet.api import dra_v1_pb2_grpc
     from sim.mps import BIN_DIR
 
     os.environ["PATH"] = f"{BIN_DIR}:{os.environ['PATH']}"
@@ -316,7 +317,7 @@ def delta(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]
 def bench_api(minutes: float, republish_s: float, watch_cycle_s: int | None) -> list[tuple[str, ...]]:
     """The publisher with its watch against a throwaway API server: requests per node per hour, counted
     by the API server and by the publisher."""
-    from nvdp.dra.publish import SlicePublisher
+    from nvdp.dra.pool.publish import SlicePublisher
     from nvdp.kube import connect
     from nvdp.kube.watch import WATCH_TIMEOUT_RANGE_S
     from tests.kube.envtest import ControlPlane, unavailable_reason
@@ -336,7 +337,7 @@ def bench_api(minutes: float, republish_s: float, watch_cycle_s: int | None) -> 
             publisher = SlicePublisher(connect(str(plane.admin_kubeconfig)), node=NODE, driver=DRIVER,
                                        log=quiet_log("bench-dra-publish"))
             first_writes = publisher.publish(devices, frozenset())
-            with mock.patch("nvdp.dra.publish.SliceWatcher", cycles.watcher_class()):
+            with mock.patch("nvdp.dra.pool.publish.SliceWatcher", cycles.watcher_class()):
                 publisher.start_watch(connect(str(plane.admin_kubeconfig)))
             deadline = time.monotonic() + 30
             while cycles.lists == 0:

@@ -22,7 +22,7 @@ sent after everything stopped. Counted: scrapes answered 200 / 503 / not answere
 no status line / hung; slowloris connections the server closed, and the longest one held open (seen
 from the client: up to a second late); the server's peak thread count and VmHWM.
 
-Servers: `nvdp` (`nvdp.endpoints.HttpEndpoints`); `http.server` (the standard library's
+Servers: `nvdp` (`nvdp.daemon.report.endpoints.HttpEndpoints`); `http.server` (the standard library's
 `ThreadingHTTPServer`, the base of prometheus-client's `start_http_server`, with the system's listen
 backlog and a 3 s socket timeout, its only deadline, which is per read); `waitress` (waitress 3, a
 maintained pure-Python WSGI server: 4 threads, `channel_timeout` 3 s checked every second, its
@@ -74,8 +74,8 @@ def _status_kib(pid: int | str, field: str) -> int:
 def _routes() -> dict[str, Any]:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    from nvdp.endpoints import Response
-    from nvdp.recording import Recorder
+    from nvdp.daemon.report.endpoints import Response
+    from nvdp.daemon.report.recording import Recorder
 
     recorder = Recorder()
     series = recorder.enable_metrics()
@@ -97,7 +97,7 @@ def _routes() -> dict[str, Any]:
 def _start_nvdp(routes: dict[str, Any]) -> int:
     import logging
 
-    from nvdp.endpoints import HttpEndpoints
+    from nvdp.daemon.report.endpoints import HttpEndpoints
 
     server = HttpEndpoints("127.0.0.1:0", routes, logging.getLogger("bench"))
     server.start()

@@ -9,7 +9,7 @@ in-memory `get_claim` and the CDI specs in memory (their cost is `dra_bench.py -
 prepares one claim for each of 3g.40gb (placement 0), 2g.20gb (4) and 1g.10gb (6), then unprepares the
 three. The time inside NVML's create and destroy calls is measured apart, so nvdp's share is the rest.
 
-**Pool** is what `nvdp.dra.pool` publishes for 8 such GPUs: slices, devices, counter sets, and the
+**Pool** is what `nvdp.dra.pool.contents` publishes for 8 such GPUs: slices, devices, counter sets, and the
 largest slice's JSON size, against the API's limits.
 
 The prepare part re-runs itself in a process whose NVML is the stand-in (the library is found by
@@ -42,11 +42,12 @@ CLAIMS = (("big", "gpu-0-mig-3g40gb-9-0"), ("mid", "gpu-0-mig-2g20gb-14-4"),
 def child(rounds: int) -> dict[str, Any]:
     """In the stand-in's process: the prepare rounds; their times, as JSON-able lists."""
     from nvdp.config.loader import load_config
-    from nvdp.dra.devices import by_name
-    from nvdp.dra.instances import ClaimInstances
-    from nvdp.dra.pool import pool_devices
-    from nvdp.dra.server import ClaimRef
-    from nvdp.dra.state import ClaimPreparer, NodeView
+    from nvdp.dra.claims.mig import ClaimInstances
+    from nvdp.dra.claims.preparer import ClaimPreparer
+    from nvdp.dra.claims.records import ClaimRef
+    from nvdp.dra.claims.view import NodeView
+    from nvdp.dra.pool.contents import pool_devices
+    from nvdp.dra.pool.devices import by_name
     from nvdp.inventory.mig_control import MigControl
     from nvdp.inventory.nvml import discover
     from tests.dra.test_prepare import Cluster, Specs, claim
@@ -134,8 +135,8 @@ def pool_rows() -> list[tuple[str, ...]]:
     from msgspec.structs import replace
 
     from nvdp.config.loader import load_config
-    from nvdp.dra.pool import pool_devices
-    from nvdp.dra.slices import desired_slices
+    from nvdp.dra.pool.contents import pool_devices
+    from nvdp.dra.pool.slices import desired_slices
     from nvdp.inventory.model import Inventory
     from nvdp.inventory.profile import load_profile
     from sim.nvml import resolve_profile

@@ -180,8 +180,8 @@ def stage_plan(ctx: Context) -> Report:
 def stage_dra(ctx: Context) -> Report:
     # The DRA plugin's own functions, under the default config, as `nvdp dra slices` computes them.
     from nvdp.config.loader import load_config
-    from nvdp.dra.names import DEFAULT_DRIVER
-    from nvdp.dra.pool import pool_devices, published_slices
+    from nvdp.dra.pool.contents import pool_devices, published_slices
+    from nvdp.dra.pool.names import DEFAULT_DRIVER
 
     devices = pool_devices(load_config(None, {}, {}), ctx.need_inventory())
     return {"slices": published_slices("dra", node="gpu-node", node_uid="", driver=DEFAULT_DRIVER,

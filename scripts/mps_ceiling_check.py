@@ -1,7 +1,8 @@
 """The MPS ceilings nvdp's daemons set, checked on a real GPU by CUDA clients that allocate past their
 claim and read the SMs MPS gives them (the driver API through ctypes: no compiler, no CUDA toolkit).
 
-  dra            nvdp's DRA MPS daemon (nvdp.dra.mps.ClaimMps) on GPU 0 for claim A (25%, 8 GiB): a
+  dra            nvdp's DRA MPS daemon (nvdp.dra.claims.sharing.mps.ClaimMps) on GPU 0 for claim A (25%, 8
+  GiB): a
                  client with A's environment, and one whose environment asks for the whole GPU; claim B
                  (50%, 16 GiB) joins, raising the running server's ceiling: B's client, A's, the greedy
                  one; B leaves, lowering it again
@@ -125,8 +126,8 @@ def gpu_inventory() -> Any:
 
 
 def dra(inv: Any, root: Path) -> None:
-    from nvdp.dra.mps import ClaimMps, claim_limits, client_env
-    from nvdp.recording import Recorder
+    from nvdp.daemon.report.recording import Recorder
+    from nvdp.dra.claims.sharing.mps import ClaimMps, claim_limits, client_env
 
     uuid = inv.gpus[0].uuid
     claims = ClaimMps(root=root, host_root=str(root), driver="gpu.nvidia.com", inventory=inv,
@@ -157,10 +158,10 @@ def dra(inv: Any, root: Path) -> None:
 
 
 def device_plugin(inv: Any, root: Path) -> None:
+    from nvdp.daemon.report.recording import Recorder
     from nvdp.mps.daemons import plan_mps
     from nvdp.mps.paths import ResourcePaths
     from nvdp.mps.supervisor import ResourceDaemon
-    from nvdp.recording import Recorder
     from tests.mps.nodes import mps_config
 
     (settings,) = plan_mps(mps_config(4), inv)

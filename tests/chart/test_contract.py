@@ -20,10 +20,10 @@ RUNTIME_ENV = {
     # Read by the MPS daemon's mount step (nvdp.mps.hostmount), not by the config loader.
     "MPS_MOUNT_IN_HOST_NAMESPACE",
 }
-observe = pytest.importorskip("nvdp.daemon.observe")
+observe = pytest.importorskip("nvdp.daemon.report.observe")
 # Read by the processes themselves (where to serve metrics and probes), not by the config loader.
 PROCESS_ENV = {observe.METRICS_ADDRESS_ENV, observe.HEALTH_ADDRESS_ENV}
-# Read by the per-node config settings (nvdp.nodeconfig.settings_from), which choose the entry.
+# Read by the per-node config settings (nvdp.daemon.pernode.nodeconfig.settings_from), which choose the entry.
 NODE_CONFIG_ENV = {"CONFIG_DIR", "DEFAULT_CONFIG", "FALLBACK_STRATEGIES"}
 # Read by the CDI hook check (nvdp.cdi.host): where the chart mounted the hook's host directory.
 HOOK_CHECK_ENV = {"NVDP_HOST_HOOK_DIR"}
@@ -105,7 +105,7 @@ def test_config_dir_env_points_at_the_mounted_entries(rendered: Rendered) -> Non
     """Every daemon gets the ConfigMap as a directory and the settings it chooses its entry by."""
     import argparse
 
-    from nvdp.nodeconfig import settings_from
+    from nvdp.daemon.pernode.nodeconfig import settings_from
 
     for ds in rendered.find("DaemonSet"):
         spec = ds["spec"]["template"]["spec"]

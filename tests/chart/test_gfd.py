@@ -18,7 +18,7 @@ PRESENCE = f"{PLUGIN}-gpu-presence"
 CLUSTER_NAME = f"{PLUGIN}-nvidia-device-plugin-node-labeller"  # fullname-namespace-node-labeller
 SA_USER = f"system:serviceaccount:nvidia-device-plugin:{GFD}"
 # Read by gpu-feature-discovery outside the config loader, or by the container runtime.
-# Read by the per-node config settings (nvdp.nodeconfig.settings_from), whatever the daemon.
+# Read by the per-node config settings (nvdp.daemon.pernode.nodeconfig.settings_from), whatever the daemon.
 NODE_CONFIG_ENV = {"CONFIG_DIR", "DEFAULT_CONFIG", "FALLBACK_STRATEGIES"}
 PROCESS_ENV = {"NODE_NAME", "NAMESPACE", "POD_NAME", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
                "NVIDIA_MIG_MONITOR_DEVICES"}  # fmt: skip

@@ -152,9 +152,9 @@ def test_the_daemons_run_their_entry_in_the_pod_without_a_token(
     import argparse
     import logging
 
+    from nvdp.daemon.pernode.nodeconfig import follow
     from nvdp.kube import KubeConnectError, connect
     from nvdp.kube.connect import SERVICE_ACCOUNT_DIR
-    from nvdp.nodeconfig import follow
 
     if (SERVICE_ACCOUNT_DIR / "token").exists():
         pytest.skip(f"this machine has a service account token at {SERVICE_ACCOUNT_DIR}")

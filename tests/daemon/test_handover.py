@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 
 from nvdp.daemon.handover import ModeHandover
-from nvdp.mode import ModeGate, NodeApi
+from nvdp.daemon.pernode.mode import ModeGate, NodeApi
 
 LOG = logging.getLogger("test.handover")
 

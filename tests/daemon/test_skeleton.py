@@ -9,11 +9,11 @@ import logging
 import pytest
 
 from nvdp.daemon.errors import CannotGoOn
+from nvdp.daemon.pernode.nodechoice import ConfigRefused
+from nvdp.daemon.pernode.nodeconfig import Chosen
+from nvdp.daemon.report.recording import Recorder
+from nvdp.daemon.runloop import EXIT_FAILED, EXIT_OK, Wake, Wakes
 from nvdp.daemon.skeleton import DaemonWork, Skeleton
-from nvdp.nodechoice import ConfigRefused
-from nvdp.nodeconfig import Chosen
-from nvdp.recording import Recorder
-from nvdp.runloop import EXIT_FAILED, EXIT_OK, Wake, Wakes
 
 LOG = logging.getLogger("test.skeleton")
 

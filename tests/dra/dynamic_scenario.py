@@ -18,12 +18,13 @@ from typing import Any
 import pynvml
 
 from nvdp.config.loader import load_config
-from nvdp.dra.checkpoint import load_checkpoint, made_instance_uuids
-from nvdp.dra.devices import by_name
-from nvdp.dra.instances import ClaimInstances
-from nvdp.dra.pool import pool_devices
-from nvdp.dra.server import ClaimRef
-from nvdp.dra.state import ClaimPreparer, NodeView
+from nvdp.dra.claims.checkpoint import load_checkpoint, read_owned_mig
+from nvdp.dra.claims.mig import ClaimInstances
+from nvdp.dra.claims.preparer import ClaimPreparer
+from nvdp.dra.claims.records import ClaimRef
+from nvdp.dra.claims.view import NodeView
+from nvdp.dra.pool.contents import pool_devices
+from nvdp.dra.pool.devices import by_name
 from nvdp.inventory.mig_control import MigControl
 from nvdp.inventory.nvml import discover
 from sim.nvml import reboot
@@ -43,7 +44,7 @@ def main(state_dir: str, work: str) -> dict[str, Any]:
     statuses: list[Any] = []
 
     def devices() -> dict[str, Any]:
-        return by_name(pool_devices(config, discover(), made_instance_uuids(checkpoint)))
+        return by_name(pool_devices(config, discover(), read_owned_mig(checkpoint).owns))
 
     view = devices()
     out["published"] = len(view)
@@ -78,7 +79,7 @@ def main(state_dir: str, work: str) -> dict[str, Any]:
     out["live_after_three"] = live()
     out["made"] = {uid: dict(m) for uid, m in specs.made.items()}
     out["statuses"] = list(statuses)
-    out["checkpoint_instances"] = {uid: [m.mig.uuid for m in e.instances]
+    out["checkpoint_instances"] = {uid: [m.mig.uuid for m in e.made if m.mig]
                                    for uid, e in load_checkpoint(checkpoint).claims.items()}
     # The scheduler never allocates this (the counters overlap); NVML refuses it all the same.
     out["overlap"] = p.prepare([ref("overlap")])["u-overlap"]
@@ -93,9 +94,9 @@ def main(state_dir: str, work: str) -> dict[str, Any]:
     # A reboot: the MIG devices are gone; the kubelet's prepare makes them again.
     reboot(Path(state_dir))
     out["live_after_reboot"] = live()
-    old = p.prepared()["u-small"].instances[0].mig.uuid
+    old = p.prepared()["u-small"].made[0].mig.uuid  # type: ignore[union-attr]
     again = p.prepare([ref("small")])["u-small"]
-    new = p.prepared()["u-small"].instances[0].mig.uuid
+    new = p.prepared()["u-small"].made[0].mig.uuid  # type: ignore[union-attr]
     out["remade"] = {"error": again.error, "changed": old != new, "live": live(),
                      "spec_uuid": specs.made["u-small"]}
     # Unprepare destroys; someone else's MIG device then holds a placement nvdp publishes.

@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.dra import checkpoint
-from nvdp.dra.checkpoint import (
+from nvdp.dra.claims import checkpoint
+from nvdp.dra.claims.checkpoint import (
     CHECKPOINT_VERSION,
-    ClaimEntry,
     Loaded,
     encode_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from nvdp.dra.server import PreparedDevice
+from nvdp.dra.claims.records import ClaimEntry, PreparedDevice
 
 GPU0 = PreparedDevice(request_names=("gpu",), pool="node-a", device="gpu-0",
                       cdi_ids=("k8s.gpu.nvidia.com/claim=uid-1-gpu-0",))
@@ -77,7 +76,9 @@ def test_the_file_layout(tmp_path: Path) -> None:
         "devices": [{"request_names": ["gpu"], "pool": "node-a", "device": "gpu-0",
                      "cdi_ids": ["k8s.gpu.nvidia.com/claim=uid-1-gpu-0"]}],
         "share": {},  # what its sharing needs on the node: nothing
-        "instances": [],  # migStrategy dynamic: the MIG devices made for it
+        "steps": [],  # migStrategy dynamic: its MIG steps, each intent before its effect
+        "status_pending": False,  # its status.devices entries are written
+        "instances": [],  # read from files before steps; never written
     }
     assert path.read_bytes() == encode_checkpoint(CLAIMS)
 
@@ -217,8 +218,9 @@ def test_concurrent_saves_from_threads_leave_one_whole_file(tmp_path: Path) -> N
 # Each process saves its own claim 20 times; nvdp comes from the same interpreter's path.
 _SAVER = """
 import sys
-from nvdp.dra.checkpoint import ClaimEntry, save_checkpoint
-from nvdp.dra.server import PreparedDevice
+from nvdp.dra.claims.checkpoint import save_checkpoint
+from nvdp.dra.claims.records import ClaimEntry
+from nvdp.dra.claims.records import PreparedDevice
 path, tag = sys.argv[1], sys.argv[2]
 device = PreparedDevice(request_names=("gpu",), pool="node-a", device="gpu-0", cdi_ids=("a/b=c",))
 entry = ClaimEntry(uid=tag, namespace="ns", name="c", state="PrepareCompleted", devices=(device,) * 50)

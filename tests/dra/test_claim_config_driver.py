@@ -1,5 +1,6 @@
 """A claim config addressed to a mistyped driver name: which names count as a near miss of the
-driver's (nvdp.dra.config_drivers.near_miss), the message naming the field, and NodeSharing passing
+driver's (nvdp.dra.claims.sharing.config_drivers.near_miss), the message naming the field, and NodeSharing
+passing
 it on."""
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from nvdp.dra.claim_events import CONFIG_DRIVER_MISMATCH
-from nvdp.dra.config_drivers import edit_distance, near_miss, near_miss_configs
-from nvdp.dra.devices import DraDevice
-from nvdp.dra.sharing import NodeSharing
+from nvdp.dra.claims.events import CONFIG_DRIVER_MISMATCH
+from nvdp.dra.claims.sharing.config_drivers import edit_distance, near_miss, near_miss_configs
+from nvdp.dra.claims.sharing.node import NodeSharing
+from nvdp.dra.pool.devices import DraDevice
 
 DRIVER = "gpu.nvidia.com"
 LOG = logging.getLogger("test-claim-config-driver")

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 
 from nvdp.dra import cli
-from nvdp.dra.pool import DEFAULT_MODE_ENV
+from nvdp.dra.pool.contents import DEFAULT_MODE_ENV
 from nvdp.inventory.profile import load_profile
 from sim.nvml import PROFILES_DIR
 
@@ -128,21 +128,21 @@ def _plugin_publishes(profile: Path, config: Path | None, default_mode: str,
     profile does not describe and the slices do not depend on, are not read. A config the plugin
     refuses gives the refusal's text."""
     from nvdp.daemon.errors import StartupError
+    from nvdp.daemon.pernode.mode import ModeGate
     from nvdp.daemon.skeleton import Skeleton
     from nvdp.dra.main import build_parser
-    from nvdp.dra.publish import SlicePublisher
+    from nvdp.dra.pool.publish import SlicePublisher
     from nvdp.dra.work import DraWork
-    from nvdp.mode import ModeGate
 
     server = _ApiServerSlices()
     monkeypatch.setattr("nvdp.daemon.inputs.discover", lambda _config: load_profile(profile))
     monkeypatch.setattr("nvdp.cdi.host.discover_host", lambda *_a, **_k: SimpleNamespace(warnings=()))
     monkeypatch.setattr("nvdp.daemon.imex.channels_on_node", lambda config, log=None: config)
-    monkeypatch.setattr("nvdp.dra.publish.list_slices", server.find)
-    monkeypatch.setattr("nvdp.dra.publish.create_slice", server.write)
-    monkeypatch.setattr("nvdp.dra.publish.replace_slice", server.write)
-    monkeypatch.setattr("nvdp.dra.publish.delete_slice", server.delete)
-    monkeypatch.setattr("nvdp.dra.publish.get_node_uid", lambda _client, _node: "node-uid")
+    monkeypatch.setattr("nvdp.dra.pool.publish.list_slices", server.find)
+    monkeypatch.setattr("nvdp.dra.pool.publish.create_slice", server.write)
+    monkeypatch.setattr("nvdp.dra.pool.publish.replace_slice", server.write)
+    monkeypatch.setattr("nvdp.dra.pool.publish.delete_slice", server.delete)
+    monkeypatch.setattr("nvdp.dra.pool.publish.get_node_uid", lambda _client, _node: "node-uid")
     env = {"NODE_NAME": NODE, DEFAULT_MODE_ENV: default_mode}
     args = build_parser(env).parse_args(["--config-file", str(config)] if config is not None else [])
     log = logging.getLogger("test-dra-plugin")

@@ -6,8 +6,16 @@ import re
 
 import pytest
 
-from nvdp.dra.devices import ADDRESSING_MODE, PCI_BUS_ID, PCIE_ROOT, DraDevice, by_name, dra_devices, semver
-from nvdp.dra.names import check_driver_name, gpu_device_name, mig_device_name, rfc1123
+from nvdp.dra.pool.devices import (
+    ADDRESSING_MODE,
+    PCI_BUS_ID,
+    PCIE_ROOT,
+    DraDevice,
+    by_name,
+    dra_devices,
+    semver,
+)
+from nvdp.dra.pool.names import check_driver_name, gpu_device_name, mig_device_name, rfc1123
 from nvdp.inventory.model import Gpu, Inventory, MigDevice
 from nvdp.inventory.profile import load_profile
 from sim.nvml import list_profiles, resolve_profile

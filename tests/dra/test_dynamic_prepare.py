@@ -51,12 +51,17 @@ def test_three_claims_get_their_mig_devices_at_their_placements(seen: dict[str, 
                for e in entries)
 
 
-def test_an_overlap_fails_with_the_cause_and_leaves_nothing(seen: dict[str, Any]) -> None:
+def test_an_overlap_is_refused_before_nvml_naming_both_claims(seen: dict[str, Any]) -> None:
+    # Allocations the counters forbid (forged, or raced with a slice update) are refused by what the
+    # devices occupy, before any NVML call: a placement over another claim's slices, the whole GPU
+    # under claims' MIG devices.
     overlap = seen["overlap"]
-    assert overlap["cause"] == "mig_create"
-    assert "INSUFFICIENT_RESOURCES" in overlap["error"] and "another MIG device holds" in overlap["error"]
+    assert overlap["cause"] == "device_busy"
+    assert "gpu-0-mig-3g40gb-9-4 overlaps device gpu-0-mig-2g20gb-14-4" in overlap["error"]
+    assert "claim default/overlap" in overlap["error"] and "claim default/mid" in overlap["error"]
     assert seen["live_after_overlap"] == seen["live_after_three"]
-    assert "turn MIG mode off" in seen["whole_while_mig"] and "IN_USE" in seen["whole_while_mig"]
+    whole = seen["whole_while_mig"]
+    assert "device gpu-0 overlaps device gpu-0-mig-" in whole and "claim default/whole" in whole
 
 
 def test_a_restart_keeps_the_claims_and_their_mig_devices_published(seen: dict[str, Any]) -> None:
@@ -78,7 +83,7 @@ def test_unprepare_destroys_and_a_foreign_mig_device_is_kept_and_refused(seen: d
     assert seen["unprepare"] == {"u-big": "", "u-mid": "", "u-small": ""}
     assert seen["live_after_unprepare"] == []
     foreign = seen["foreign"]
-    assert foreign["cause"] == "mig_create" and "another MIG device holds" in foreign["error"]
+    assert foreign["cause"] == "mig_create" and "this plugin did not make it" in foreign["error"]
     assert seen["live_with_foreign"] == ["1g.10gb@6"]  # only the foreign one: nothing half-made
     published = seen["published_with_foreign"]
     assert "gpu-0" not in published and "gpu-0-mig-1g10gb-19-6" not in published

@@ -1,4 +1,5 @@
-"""The sharing of a claim's devices (nvdp.dra.gpuconfig): NVIDIA's GpuConfig and MigDeviceConfig decoded
+"""The sharing of a claim's devices (nvdp.dra.claims.sharing.gpuconfig): NVIDIA's GpuConfig and
+MigDeviceConfig decoded
 strictly, NVIDIA's precedence of class and claim configs, MPS limits checked against the devices."""
 
 from __future__ import annotations
@@ -7,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from nvdp.dra.devices import DraDevice, by_name, dra_devices
-from nvdp.dra.gpuconfig import (
+from nvdp.dra.claims.sharing.gpuconfig import (
     TIMESLICE_VALUES,
     DeviceSharing,
     MpsLimits,
@@ -16,6 +16,7 @@ from nvdp.dra.gpuconfig import (
     device_sharing,
     summary,
 )
+from nvdp.dra.pool.devices import DraDevice, by_name, dra_devices
 from nvdp.inventory.profile import load_profile
 from sim.nvml import resolve_profile
 

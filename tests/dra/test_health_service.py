@@ -1,4 +1,5 @@
-"""DRAResourceHealth (nvdp.dra.health_service) on the DRA socket of a real DraServer: a gRPC client over
+"""DRAResourceHealth (nvdp.dra.kubelet.health_service) on the DRA socket of a real DraServer: a gRPC client
+over
 the unix socket plays the kubelet's NodeWatchResources stream, in every version the kubelet calls."""
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from typing import Any
 import pytest
 
 from nvdp.daemon.grpc_import import grpc
-from nvdp.dra.api import dra_health_v1_pb2, dra_health_v1alpha1_pb2, dra_health_v1beta1_pb2
-from nvdp.dra.devices import dra_devices
-from nvdp.dra.health_service import TIMEOUT_S, VERSIONS, HealthFeed
-from nvdp.dra.server import DraServer
-from nvdp.dra.taints import device_health
+from nvdp.dra.kubelet.api import dra_health_v1_pb2, dra_health_v1alpha1_pb2, dra_health_v1beta1_pb2
+from nvdp.dra.kubelet.health_service import TIMEOUT_S, VERSIONS, HealthFeed
+from nvdp.dra.kubelet.server import DraServer
+from nvdp.dra.pool.devices import dra_devices
+from nvdp.dra.pool.taints import device_health
 from nvdp.health.ledger import Cause, Ledger, Settings
 from nvdp.health.xids import describe, xid_info
 from nvdp.inventory.profile import load_profile

@@ -17,15 +17,17 @@ import pytest
 from prometheus_client import generate_latest
 
 from nvdp.daemon.grpc_import import grpc
-from nvdp.dra import server as server_module
-from nvdp.dra import state as state_module
-from nvdp.dra.api import dra_v1_pb2, dra_v1beta1_pb2
-from nvdp.dra.devices import DraDevice
-from nvdp.dra.gpuconfig import API_VERSION
-from nvdp.dra.meter import Meter, Prepared, prepared_by_kind
-from nvdp.dra.server import ClaimRef, DraServer, PrepareResult, dra_v1_grpc
-from nvdp.dra.state import ClaimPreparer, NodeView
-from nvdp.recording import Recorder
+from nvdp.daemon.report.recording import Recorder
+from nvdp.dra.claims import preparer as state_module
+from nvdp.dra.claims.preparer import ClaimPreparer
+from nvdp.dra.claims.records import ClaimRef, PrepareResult
+from nvdp.dra.claims.sharing.gpuconfig import API_VERSION
+from nvdp.dra.claims.view import NodeView
+from nvdp.dra.kubelet import server as server_module
+from nvdp.dra.kubelet.api import dra_v1_pb2, dra_v1beta1_pb2
+from nvdp.dra.kubelet.meter import Meter, Prepared, prepared_by_kind
+from nvdp.dra.kubelet.server import DraServer, dra_v1_grpc
+from nvdp.dra.pool.devices import DraDevice
 from tests.dra.test_prepare import LOG, NODE, Cluster, Specs, claim, device
 
 MIG = "gpu-2-mig-1g10gb-19-0"
@@ -47,7 +49,7 @@ def recorder() -> Recorder:
 
 
 def series() -> ModuleType:
-    from nvdp import metrics
+    from nvdp.daemon.report import metrics
 
     return metrics
 
@@ -126,7 +128,7 @@ def test_prepared_claims_are_requests_timed_and_their_devices_counted_by_kind(
 
 
 def test_a_shared_device_counts_once_for_each_claim_and_once_within_one() -> None:
-    from nvdp.dra.server import PreparedDevice
+    from nvdp.dra.claims.records import PreparedDevice
 
     def dev(name: str, request: str) -> PreparedDevice:
         return PreparedDevice(request_names=(request,), pool=NODE, device=name, cdi_ids=())
@@ -142,7 +144,7 @@ def test_a_shared_device_counts_once_for_each_claim_and_once_within_one() -> Non
 
 
 def test_a_kind_no_longer_prepared_reads_0(driver: str, recorder: Recorder) -> None:
-    from nvdp.dra.server import PreparedDevice
+    from nvdp.dra.claims.records import PreparedDevice
 
     class Entry:
         devices = (PreparedDevice(request_names=("x",), pool=NODE, device="nic-0", cdi_ids=()),)
@@ -328,7 +330,7 @@ def test_without_metrics_the_server_records_nothing(tmp_path: Path, driver: str)
 
 
 def test_device_kind_follows_the_published_names() -> None:
-    from nvdp.dra.names import device_kind
+    from nvdp.dra.pool.names import device_kind
 
     devices: Mapping[str, DraDevice] = DEVICES
     assert {name: device_kind(name) for name in devices} == {"gpu-0": "gpu", "gpu-1": "gpu", MIG: "mig"}

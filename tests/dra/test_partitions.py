@@ -10,15 +10,15 @@ import pytest
 from msgspec.structs import replace
 
 from nvdp.config.loader import load_config
-from nvdp.dra.devices import DraDevice
-from nvdp.dra.partitions import (
+from nvdp.dra.pool.contents import pool_devices, pool_warnings
+from nvdp.dra.pool.devices import DraDevice
+from nvdp.dra.pool.partitions import (
     COMPUTE_SLICES,
     dynamic_devices,
     partitions_published,
     whole_gpu_published,
 )
-from nvdp.dra.pool import pool_devices, pool_warnings
-from nvdp.dra.slices import desired_slices
+from nvdp.dra.pool.slices import desired_slices
 from nvdp.inventory.model import Gpu, Inventory, MigDevice, MigProfile
 
 # What a real H100 80GB HBM3 answers (docs/mig-nvml-h100.md): name, index, id, slices, instances,
@@ -153,7 +153,7 @@ def test_foreign_instances_are_left_out_with_every_placement_overlapping_them() 
     assert "gpu-0-mig-7g80gb-0-0" not in names
     assert {"gpu-0-mig-1g10gb-19-1", "gpu-0-mig-3g40gb-9-4", "gpu-0-mig-2g20gb-14-4"} <= names
     # an instance the plugin made for a claim keeps its placement published (the claim holds it)
-    mine = pool_devices(dynamic_config(), node(gpu), owned={made_elsewhere.uuid})
+    mine = pool_devices(dynamic_config(), node(gpu), owns=lambda m: m.uuid == made_elsewhere.uuid)
     assert "gpu-0-mig-2g20gb-14-2" in {d.name for d in mine}
     (warning,) = pool_warnings(dynamic_config(), node(gpu), "dra", default_is="", default_fix="")
     assert made_elsewhere.uuid in warning and "never destroyed" in warning

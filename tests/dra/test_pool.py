@@ -1,4 +1,4 @@
-"""nvdp.dra.pool: the devices of a node's pool, and a DRA plugin with nothing to publish says why at
+"""nvdp.dra.pool.contents: the devices of a node's pool, and a DRA plugin with nothing to publish says why at
 WARNING, with the fix (the plugin's log and `nvdp dra slices` alike)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from msgspec.structs import replace
 
 from nvdp.config.model import Config, Flags
-from nvdp.dra import pool
+from nvdp.daemon.pernode.mode import DEFAULT_MODE_ENV
+from nvdp.dra.pool import contents as pool
 from nvdp.inventory.profile import load_profile
-from nvdp.mode import DEFAULT_MODE_ENV
 from sim.nvml import PROFILES_DIR
 
 from .test_cli import run
@@ -26,10 +26,10 @@ def switch(tmp_path: Path, profile: str, env: dict[str, str], config: str | None
            monkeypatch: pytest.MonkeyPatch) -> None:
     """nvidia-dra-plugin puts its first config in force on the profile's GPUs (its `switch`, as at
     start; the CDI facts, which a profile does not describe, are not read)."""
+    from nvdp.daemon.pernode.mode import ModeGate
     from nvdp.daemon.skeleton import Skeleton
     from nvdp.dra.main import build_parser
     from nvdp.dra.work import DraWork
-    from nvdp.mode import ModeGate
 
     monkeypatch.setattr("nvdp.daemon.inputs.discover",
                         lambda _config: load_profile(PROFILES_DIR / f"{profile}.yaml"))

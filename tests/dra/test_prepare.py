@@ -1,4 +1,5 @@
-"""Prepare and unprepare of claims (nvdp.dra.claims, nvdp.dra.state): the checks on the claim, the guards,
+"""Prepare and unprepare of claims (nvdp.dra.claims.check, nvdp.dra.claims.preparer): the checks on the
+claim, the guards,
 idempotence, the checkpoint surviving a restart, and a bad checkpoint rebuilt from the API's claims."""
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from typing import Any
 import pytest
 
 from nvdp.cdi.spec import ContainerEdits
-from nvdp.dra.claims import ClaimProblem, check_claim, our_results
-from nvdp.dra.devices import DraDevice
-from nvdp.dra.server import ClaimRef
-from nvdp.dra.state import COMPLETED, ClaimPreparer, NodeView
+from nvdp.dra.claims.check import ClaimProblem, check_claim, our_results
+from nvdp.dra.claims.preparer import ClaimPreparer
+from nvdp.dra.claims.records import COMPLETED, ClaimRef
+from nvdp.dra.claims.release import ClaimsInUse
+from nvdp.dra.claims.view import NodeView
+from nvdp.dra.pool.devices import DraDevice
 from nvdp.inventory.model import MigDevice
 
 DRIVER = "gpu.nvidia.com"
@@ -81,11 +84,16 @@ class Cluster:
         return list(self.claims.values())
 
 
-def preparer(tmp_path: Path, cluster: Cluster, specs: Specs, unhealthy: frozenset[str] = frozenset()
-             ) -> ClaimPreparer:
+def no_container_holds_a_claim() -> tuple[tuple[str, str], ...]:
+    """The kubelet's pod-resources answer of a node where no running container holds a claim."""
+    return ()
+
+
+def preparer(tmp_path: Path, cluster: Cluster, specs: Specs, unhealthy: frozenset[str] = frozenset(),
+             in_use: ClaimsInUse | None = no_container_holds_a_claim) -> ClaimPreparer:
     return ClaimPreparer(driver=DRIVER, pool=NODE, checkpoint_path=str(tmp_path / "checkpoint.json"),
                          lock_path=str(tmp_path / "pu.lock"), specs=specs, get_claim=cluster.get,
-                         view=lambda: NodeView(DEVICES, unhealthy), log=LOG)
+                         view=lambda: NodeView(DEVICES, unhealthy), log=LOG, in_use=in_use)
 
 
 def ref(c: dict[str, Any]) -> ClaimRef:
@@ -278,7 +286,7 @@ class FakeMps:
         return self.mount(gpus)
 
     def mount(self, gpus: Sequence[str]) -> Any:
-        from nvdp.dra.mps import MpsMount
+        from nvdp.dra.claims.sharing.mps import MpsMount
 
         return MpsMount(pipe_dir=f"/run/nvidia/mps/gpu.nvidia.com/{gpus[0]}/pipe",
                         shm_dir="/run/nvidia/mps/gpu.nvidia.com/shm")
@@ -294,7 +302,7 @@ class FakeMps:
 
 
 def sharing_preparer(tmp_path: Path, cluster: Cluster, specs: Specs, mps: FakeMps) -> ClaimPreparer:
-    from nvdp.dra.sharing import NodeSharing
+    from nvdp.dra.claims.sharing.node import NodeSharing
 
     sharing = NodeSharing(driver=DRIVER, mps=mps, log=LOG, no_mps_reason="",  # type: ignore[arg-type]
                           timeslice=lambda gpu, interval: None)
@@ -430,7 +438,7 @@ MPS_NODE = {"gpu-0": DraDevice(name="gpu-0", kind="gpu", uuid="GPU-0", gpu_uuid=
 
 def mps_node_preparer(tmp_path: Path, cluster: Cluster, specs: Specs, mps: FakeMps) -> ClaimPreparer:
     """The node's sharing config shares gpu-0 through MPS: every claim on it joins the daemon."""
-    from nvdp.dra.sharing import NodeSharing
+    from nvdp.dra.claims.sharing.node import NodeSharing
 
     sharing = NodeSharing(driver=DRIVER, mps=mps, log=LOG, no_mps_reason="",  # type: ignore[arg-type]
                           timeslice=lambda gpu, interval: None)

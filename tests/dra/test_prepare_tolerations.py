@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from nvdp.dra.state import ClaimPreparer, NodeView
-from nvdp.dra.taints import RECOVERY_KEY, XID_KEY, Taint, Toleration, tolerated
+from nvdp.dra.claims.preparer import ClaimPreparer
+from nvdp.dra.claims.view import NodeView
+from nvdp.dra.pool.taints import RECOVERY_KEY, XID_KEY, Taint, Toleration, tolerated
 from tests.dra.test_prepare import DEVICES, DRIVER, LOG, NODE, Cluster, Specs, claim, ref
 
 TAINTS = (Taint(XID_KEY, "NoSchedule", "48"), Taint(RECOVERY_KEY, "NoSchedule", "needs-reset"))

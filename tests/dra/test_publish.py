@@ -1,9 +1,9 @@
-"""The pool generation the slice publisher writes (nvdp.dra.publish.next_generation); the publisher
+"""The pool generation the slice publisher writes (nvdp.dra.pool.publish.next_generation); the publisher
 against a real API server is in tests/kube/test_dra_publish_api.py."""
 
 from __future__ import annotations
 
-from nvdp.dra.publish import MAX_GENERATION, next_generation
+from nvdp.dra.pool.publish import MAX_GENERATION, next_generation
 
 
 def test_the_next_generation_is_above_its_own_and_every_slice_found() -> None:

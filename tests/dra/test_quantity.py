@@ -1,4 +1,5 @@
-"""Kubernetes quantities (nvdp.dra.quantity): apimachinery's grammar, exact values, Value()'s rounding."""
+"""Kubernetes quantities (nvdp.dra.claims.sharing.quantity): apimachinery's grammar, exact values, Value()'s
+rounding."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from nvdp.dra.quantity import QuantityError, parse_quantity, quantity_value
+from nvdp.dra.claims.sharing.quantity import QuantityError, parse_quantity, quantity_value
 
 
 @pytest.mark.parametrize(("text", "value"), [

@@ -1,4 +1,5 @@
-"""What a starting DRA plugin keeps (nvdp.dra.rebuild, ClaimPreparer.restore): prepared claims and claim
+"""What a starting DRA plugin keeps (nvdp.dra.claims.rebuild, ClaimPreparer.restore): prepared claims and
+claim
 specs are dropped only on the API server's answer that their claim is not in use; a corrupt checkpoint,
 an unreachable API server or a claim that cannot be read removes nothing a running pod needs."""
 
@@ -9,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from nvdp.dra.checkpoint import ClaimEntry, save_checkpoint
-from nvdp.dra.rebuild import in_use_here, orphaned_specs, released_because
-from nvdp.dra.server import PreparedDevice
+from nvdp.dra.claims.checkpoint import save_checkpoint
+from nvdp.dra.claims.rebuild import in_use_here, orphaned_specs, released_because
+from nvdp.dra.claims.records import ClaimEntry, PreparedDevice
 from nvdp.kube.claims import ClaimListing, Unreadable, UnreadableClaim
 from tests.dra.test_prepare import DEVICES, DRIVER, NODE, Cluster, Specs, claim, preparer, ref
 

@@ -14,11 +14,12 @@ import pytest
 
 from nvdp.daemon.grpc_import import grpc
 from nvdp.daemon.owned_socket import ServerStartError
-from nvdp.dra import server as server_module
-from nvdp.dra.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from nvdp.dra.api import pluginregistration_v1_pb2 as reg_pb
-from nvdp.dra.api import pluginregistration_v1_pb2_grpc as reg_grpc
-from nvdp.dra.server import ClaimRef, DraServer, PreparedDevice, PrepareResult
+from nvdp.dra.claims.records import ClaimRef, PreparedDevice, PrepareResult
+from nvdp.dra.kubelet import server as server_module
+from nvdp.dra.kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from nvdp.dra.kubelet.api import pluginregistration_v1_pb2 as reg_pb
+from nvdp.dra.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from nvdp.dra.kubelet.server import DraServer
 
 DRIVER = "gpu.nvidia.com"
 LOG = logging.getLogger("test-dra-server")

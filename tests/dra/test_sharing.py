@@ -14,11 +14,11 @@ import pytest
 from msgspec.structs import replace
 
 from nvdp.config.model import Config, Flags, ReplicatedResource, ReplicatedResources, Sharing
-from nvdp.dra.claims import ClaimProblem
-from nvdp.dra.devices import DraDevice, dra_devices, with_plan
-from nvdp.dra.gpuconfig import DeviceSharing, MpsLimits, SharingProblem
-from nvdp.dra.mps import ClaimMps, MpsUnavailable, daemon_name
-from nvdp.dra.mps_limits import (
+from nvdp.daemon.report.recording import Recorder
+from nvdp.dra.claims.check import ClaimProblem
+from nvdp.dra.claims.sharing.gpuconfig import DeviceSharing, MpsLimits, SharingProblem
+from nvdp.dra.claims.sharing.mps import ClaimMps, MpsUnavailable, daemon_name
+from nvdp.dra.claims.sharing.mps_limits import (
     ClaimLimits,
     DaemonLimits,
     Enforcement,
@@ -27,7 +27,7 @@ from nvdp.dra.mps_limits import (
     read_limits,
     write_limits,
 )
-from nvdp.dra.sharing import (
+from nvdp.dra.claims.sharing.node import (
     ClaimShare,
     NodeSharing,
     capacity_limits,
@@ -35,12 +35,12 @@ from nvdp.dra.sharing import (
     consumed_capacity,
     node_default,
 )
-from nvdp.dra.slices import desired_slices, slice_content
-from nvdp.dra.timeslice import TimesliceError, set_timeslice
+from nvdp.dra.claims.sharing.timeslice import TimesliceError, set_timeslice
+from nvdp.dra.pool.devices import DraDevice, dra_devices, with_plan
+from nvdp.dra.pool.slices import desired_slices, slice_content
 from nvdp.inventory.profile import load_profile
 from nvdp.mps.commands import Ceiling, MpsGpu, MpsSettings
 from nvdp.plan import plan
-from nvdp.recording import Recorder
 from sim.nvml import resolve_profile
 from tests.mps.fakes import FakeModes
 from tests.mps.nodes import gpu, inventory

@@ -7,8 +7,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from nvdp.dra.devices import DraDevice, dra_devices
-from nvdp.dra.slices import MAX_DEVICES_PER_SLICE, desired_slices, slice_content, slice_name
+from nvdp.dra.pool.devices import DraDevice, dra_devices
+from nvdp.dra.pool.slices import MAX_DEVICES_PER_SLICE, desired_slices, slice_content, slice_name
 from nvdp.inventory.model import Gpu, Inventory
 from nvdp.inventory.profile import load_profile
 from sim.nvml import list_profiles, resolve_profile

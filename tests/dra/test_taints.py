@@ -1,5 +1,5 @@
-"""A down GPU's device taints and health messages from the health record (nvdp.dra.taints), and the
-slices that carry them (nvdp.dra.slices.desired_slices with taints), checked against the 1.36 schema."""
+"""A down GPU's device taints and health messages from the health record (nvdp.dra.pool.taints), and the
+slices that carry them (nvdp.dra.pool.slices.desired_slices with taints), checked against the 1.36 schema."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import kubernetes_validate
 import pytest
 from msgspec.structs import replace
 
-from nvdp.dra.devices import DraDevice, dra_devices
-from nvdp.dra.slices import desired_slices, slice_content, slice_taints_of
-from nvdp.dra.taints import (
+from nvdp.dra.pool.devices import DraDevice, dra_devices
+from nvdp.dra.pool.slices import desired_slices, slice_content, slice_taints_of
+from nvdp.dra.pool.taints import (
     GPU_LOST_KEY,
     MAX_MESSAGE,
     RECOVERY_KEY,
@@ -241,7 +241,7 @@ def test_a_taint_coming_or_going_changes_the_slice_content() -> None:
 
 
 def test_informational_xids_are_kept_for_the_quiet_period() -> None:
-    from nvdp.dra.taints import InformationalXids
+    from nvdp.dra.pool.taints import InformationalXids
 
     held = InformationalXids()
     assert held.next_expiry(QUIET) is None
@@ -256,7 +256,7 @@ def test_informational_xids_are_kept_for_the_quiet_period() -> None:
 
 def test_device_health_for_takes_the_configs_quiet_period_and_effect() -> None:
     from nvdp.config.loader import load_config_text
-    from nvdp.dra.taints import device_health_for
+    from nvdp.dra.pool.taints import device_health_for
 
     devices = devices_of("a100-sxm-8")
     gpu = devices[0].gpu_uuid
@@ -273,7 +273,7 @@ def test_the_documented_diagnostics_claim_is_valid_and_tolerates_a_down_gpu() ->
 
     import yaml
 
-    from nvdp.dra.taints import Toleration, tolerated
+    from nvdp.dra.pool.taints import Toleration, tolerated
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "dra.md").read_text()
     (block,) = re.findall(r"```yaml\n(# A diagnostics pod.*?)```", text, re.S)

@@ -1,4 +1,5 @@
-"""GPU feature discovery on a node in DRA mode (nvdp.mode): the labels come from the same plan as in
+"""GPU feature discovery on a node in DRA mode (nvdp.daemon.pernode.mode): the labels come from the same plan
+as in
 device-plugin mode, so the sharing strategy, the replicas, the shared product name and
 `mps.capable` say what the node's config shares, whichever API serves it."""
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.daemon.runloop import Wake, Wakes
 from nvdp.gfd.discovery import Discovery, load
 from nvdp.gfd.host import gpu_mode, machine_type, nvidia_gpus_present
 from nvdp.gfd.options import parse_duration, parse_options
@@ -22,7 +23,6 @@ from nvdp.gfd.output import read_features_file, render, write_features_file
 from nvdp.gfd.publish import FileOutput
 from nvdp.inventory.model import Inventory
 from nvdp.inventory.profile import load_profile
-from nvdp.runloop import Wake, Wakes
 from sim.nvml import NodeSim, build_library
 
 PROFILES = Path(__file__).resolve().parents[2] / "sim" / "profiles"

@@ -16,10 +16,11 @@ import pytest
 from nvdp.doctor.dra_check import DraChecks, dra_node
 from nvdp.doctor.report import Finding
 from nvdp.doctor.where import Where
-from nvdp.dra.devices import dra_devices
-from nvdp.dra.publish import SlicePublisher
-from nvdp.dra.server import ClaimRef, DraServer, PrepareResult
-from nvdp.dra.slices import desired_slices
+from nvdp.dra.claims.records import ClaimRef, PrepareResult
+from nvdp.dra.kubelet.server import DraServer
+from nvdp.dra.pool.devices import dra_devices
+from nvdp.dra.pool.publish import SlicePublisher
+from nvdp.dra.pool.slices import desired_slices
 from nvdp.inventory.model import Inventory
 from nvdp.inventory.profile import load_profile
 from nvdp.kube import connect, create_slice

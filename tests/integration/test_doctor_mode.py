@@ -11,8 +11,8 @@ import pytest
 from nvdp.config.loader import load_config_text
 from nvdp.config.model import Config
 from nvdp.doctor.dra_check import DraNode, node_mode
-from nvdp.dra.devices import dra_devices
-from nvdp.dra.publish import SlicePublisher
+from nvdp.dra.pool.devices import dra_devices
+from nvdp.dra.pool.publish import SlicePublisher
 from nvdp.inventory.model import Inventory
 from nvdp.kube import connect
 from tests.kube.envtest import ControlPlane

@@ -16,9 +16,9 @@ import kubernetes_validate
 import pytest
 
 from nvdp.dra import cli
-from nvdp.dra.devices import dra_devices
-from nvdp.dra.publish import SlicePublisher
-from nvdp.dra.taints import device_health, slice_taints
+from nvdp.dra.pool.devices import dra_devices
+from nvdp.dra.pool.publish import SlicePublisher
+from nvdp.dra.pool.taints import device_health, slice_taints
 from nvdp.health.ledger import Cause, Ledger, Settings
 from nvdp.health.state import write_state
 from nvdp.health.xids import describe, xid_info

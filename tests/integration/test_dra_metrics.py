@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from nvdp.daemon.grpc_import import grpc
-from nvdp.dra.api import dra_v1_pb2
-from nvdp.dra.server import dra_v1_grpc
+from nvdp.dra.kubelet.api import dra_v1_pb2
+from nvdp.dra.kubelet.server import dra_v1_grpc
 from sim.nvml import NodeSim
 from tests.kube.envtest import ControlPlane
 

@@ -53,7 +53,8 @@ LABEL = "nvidia.com/device-plugin.config"
 DRIVER = "gpu.nvidia.com"
 GPU = "nvidia.com/gpu"
 ENTRIES = {"dp": "version: v1\nflags:\n  mode: device-plugin\n", "dra": "version: v1\nflags:\n  mode: dra\n"}
-# A refused switch is tried again every 10 s (nvdp.nodechoice.RETRY_PENDING_S); the node status of a
+# A refused switch is tried again every 10 s (nvdp.daemon.pernode.nodechoice.RETRY_PENDING_S); the node
+# status of a
 # real kubelet comes every 10 s, here every 0.2 s.
 SWITCH_S = 30.0
 

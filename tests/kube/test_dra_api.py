@@ -17,8 +17,8 @@ import pytest
 import yaml
 from lightkube.core.exceptions import ApiError
 
-from nvdp.dra.devices import DraDevice
-from nvdp.dra.publish import PublishError, SlicePublisher
+from nvdp.dra.pool.devices import DraDevice
+from nvdp.dra.pool.publish import PublishError, SlicePublisher
 from nvdp.kube import (
     connect,
     create_slice,

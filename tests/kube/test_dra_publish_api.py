@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from nvdp.dra.claim_events import CONFIG_DRIVER_MISMATCH, ClaimEvents
-from nvdp.dra.devices import DraDevice
-from nvdp.dra.publish import MAX_GENERATION, PUBLISH_FAILED, PublishError, SlicePublisher
-from nvdp.dra.sharing import NodeSharing
+from nvdp.daemon.report.node_events import NodeEvents
+from nvdp.daemon.report.recording import Recorder
+from nvdp.dra.claims.events import CONFIG_DRIVER_MISMATCH, ClaimEvents
+from nvdp.dra.claims.sharing.node import NodeSharing
+from nvdp.dra.pool.devices import DraDevice
+from nvdp.dra.pool.publish import MAX_GENERATION, PUBLISH_FAILED, PublishError, SlicePublisher
 from nvdp.kube import connect, create_slice, get_claim, replace_slice
-from nvdp.node_events import NodeEvents
-from nvdp.recording import Recorder
 from tests.kube.envtest import ControlPlane
 from tests.kube.test_dra_api import (  # noqa: F401 (plane: the chart's DRA objects applied, a fixture)
     DRIVER,

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from nvdp.dra.publish import TAINTS_UNSUPPORTED, SlicePublisher
-from nvdp.dra.slices import slice_taints_of
-from nvdp.dra.taints import device_health, slice_taints
+from nvdp.daemon.report.node_events import NodeEvents
+from nvdp.daemon.report.recording import Recorder
+from nvdp.dra.pool.publish import TAINTS_UNSUPPORTED, SlicePublisher
+from nvdp.dra.pool.slices import slice_taints_of
+from nvdp.dra.pool.taints import device_health, slice_taints
 from nvdp.health.ledger import Cause, Ledger, Settings
 from nvdp.health.xids import describe, xid_info
 from nvdp.kube import connect
-from nvdp.node_events import NodeEvents
-from nvdp.recording import Recorder
 from tests.kube.envtest import (
     ControlPlane,
     kube_api_without_device_taints,  # noqa: F401 (a fixture)

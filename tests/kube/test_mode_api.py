@@ -13,8 +13,8 @@ import helm_python
 import pytest
 import yaml
 
+from nvdp.daemon.pernode.mode import NodeApi, device_plugin_resources, gpu_pods
 from nvdp.kube import connect, create_slice, delete_slice, list_node_pods
-from nvdp.mode import NodeApi, device_plugin_resources, gpu_pods
 from tests.kube.envtest import ControlPlane
 
 DRIVER = "gpu.nvidia.com"

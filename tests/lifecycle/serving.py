@@ -18,13 +18,13 @@ from typing import Any
 
 from nvdp.config.loader import load_config_text
 from nvdp.config.model import Config
+from nvdp.daemon.report.recording import Recorder
 from nvdp.inventory.model import Inventory
 from nvdp.inventory.profile import load_profile
 from nvdp.plan import plan
 from nvdp.plan.model import Plan
 from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
 from nvdp.plugin.manager import PluginManager
-from nvdp.recording import Recorder
 from sim.kubelet import KubeletSim
 from sim.nvml import resolve_profile
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from nvdp.daemon.probes import Check, ResourceStatus, liveness, readiness
-from nvdp.endpoints import AddressError, HttpEndpoints, Response, parse_address
+from nvdp.daemon.report.endpoints import AddressError, HttpEndpoints, Response, parse_address
+from nvdp.daemon.report.probes import Check, ResourceStatus, liveness, readiness
 
 
 def test_ready_when_every_resource_is_registered_or_waits_for_mps() -> None:

@@ -1,4 +1,5 @@
-"""Every Event reason nvdp records is declared in nvdp.event_reasons, with the daemons that own it, and
+"""Every Event reason nvdp records is declared in nvdp.daemon.report.event_reasons, with the daemons that own
+it, and
 the recorders refuse one that is not."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.event_reasons import DAEMONS, DRA_PLUGIN, FEATURE_DISCOVERY, REASONS, undeclared
-from nvdp.recording import Recorder
+from nvdp.daemon.report.event_reasons import DAEMONS, DRA_PLUGIN, FEATURE_DISCOVERY, REASONS, undeclared
+from nvdp.daemon.report.recording import Recorder
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "nvdp"
 # A reason is one CamelCase word; Event types are not reasons.
@@ -78,7 +79,7 @@ def used_reasons() -> dict[str, set[str]]:
 def test_every_reason_used_in_src_is_declared_and_every_declared_one_is_used() -> None:
     used = used_reasons()
     assert {w: sorted(f) for w, f in used.items() if w not in REASONS} == {}, \
-        "declare these reasons in nvdp.event_reasons.REASONS"
+        "declare these reasons in nvdp.daemon.report.event_reasons.REASONS"
     assert sorted(set(REASONS) - set(used)) == [], "reasons declared but recorded nowhere: remove them"
     # Some reasons the scan must find, or it finds nothing at all.
     assert {"GPUUnhealthy", "ConfigPending", "UnknownConfig", "ClaimConfigDriverMismatch"} <= set(used)
@@ -109,14 +110,14 @@ class Writer:
 def test_the_recorder_refuses_an_undeclared_reason(caplog: pytest.LogCaptureFixture) -> None:
     writer = Writer()
     recorder = Recorder(writer)
-    with caplog.at_level(logging.ERROR, logger="nvdp.recording"):
+    with caplog.at_level(logging.ERROR, logger="nvdp.daemon.report.recording"):
         recorder.event("GPUMelted", "not a reason nvdp declares")
         recorder.event("ClaimConfigDriverMismatch", "a claim's reason, not a Node's")
         recorder.event("GPUUnhealthy", "GPU-0: XID 79")
     assert writer.sent == [("Warning", "GPUUnhealthy", "GPU-0: XID 79")]
     assert [r.getMessage() for r in caplog.records] == [
-        "Event reason 'GPUMelted' is not declared in nvdp.event_reasons.REASONS; not recorded: "
+        "Event reason 'GPUMelted' is not declared in nvdp.daemon.report.event_reasons.REASONS; not recorded: "
         "not a reason nvdp declares",
         "Event reason 'ClaimConfigDriverMismatch' is declared for a ResourceClaim, not a Node "
-        "(nvdp.event_reasons); not recorded: a claim's reason, not a Node's"]
+        "(nvdp.daemon.report.event_reasons); not recorded: a claim's reason, not a Node's"]
     assert undeclared("ClaimConfigDriverMismatch", "ResourceClaim") is None

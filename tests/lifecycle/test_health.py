@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from nvdp import recording
 from nvdp.config.model import Config, Flags, PluginFlags
 from nvdp.daemon.health import HealthMonitor, event_targets
+from nvdp.daemon.report import recording
 from nvdp.health.ledger import Change, Ledger, Settings
 from nvdp.health.nvml_event import event_fields
 from nvdp.health.state import read_state, request_clear

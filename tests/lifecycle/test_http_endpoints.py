@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from nvdp import endpoints
-from nvdp.endpoints import HttpEndpoints, Response
+from nvdp.daemon.report import endpoints
+from nvdp.daemon.report.endpoints import HttpEndpoints, Response
 
 RELEASE = threading.Event()
 HELD = threading.Semaphore(0)  # one release per handler that has started waiting

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from nvdp import endpoints
-from nvdp.endpoints import HttpEndpoints, Response
+from nvdp.daemon.report import endpoints
+from nvdp.daemon.report.endpoints import HttpEndpoints, Response
 
 LOG = logging.getLogger("test.http")
 HANG_S = 20  # a client that waits longer than this has met a hung server
@@ -224,8 +224,8 @@ def test_a_dead_serving_thread_closes_the_port_logs_why_and_calls_on_death(
 def test_the_plugin_ends_when_its_http_server_dies(monkeypatch: pytest.MonkeyPatch,
                                                    caplog: pytest.LogCaptureFixture) -> None:
     from nvdp.daemon.guard import on_fatal
+    from nvdp.daemon.report.recording import Recorder
     from nvdp.plugin import observe
-    from nvdp.recording import Recorder
 
     monkeypatch.setattr(selectors, "DefaultSelector", Breaking)
     fatal = threading.Event()
@@ -267,9 +267,9 @@ def test_the_dra_plugin_ends_when_its_http_server_dies(monkeypatch: pytest.Monke
 
 def test_the_mps_daemon_ends_when_its_metrics_server_dies(monkeypatch: pytest.MonkeyPatch,
                                                           caplog: pytest.LogCaptureFixture) -> None:
+    from nvdp.daemon.runloop import Inbox, Wake
     from nvdp.daemon.skeleton import Skeleton
     from nvdp.mps.main import serve_metrics
-    from nvdp.runloop import Inbox, Wake
 
     monkeypatch.setattr(selectors, "DefaultSelector", Breaking)
     skeleton = Skeleton("mps-control-daemon", LOG, {}, guard=False)

@@ -10,10 +10,10 @@ from msgspec.structs import replace
 
 from nvdp.config.model import Config, Flags, PluginFlags
 from nvdp.daemon.owned_socket import SocketState
+from nvdp.daemon.report.recording import Recorder
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan, PlannedDevice, PlannedResource
 from nvdp.plugin.manager import PlanDiff, PluginManager, diff_plans
-from nvdp.recording import Recorder
 
 from .fakes import eventually, gpu, inventory
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from nvdp.daemon.probes import ResourceStatus
+from nvdp.daemon.report.probes import ResourceStatus
+from nvdp.daemon.report.recording import Recorder
 from nvdp.plugin.observe import PluginEndpoints
 from nvdp.plugin.state import PluginState
-from nvdp.recording import Recorder
 
 
 class State:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nvdp.recording import Recorder
+from nvdp.daemon.report.recording import Recorder
 
 
 class Writer:

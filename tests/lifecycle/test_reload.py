@@ -8,12 +8,12 @@ import logging
 import pytest
 
 from nvdp.daemon.guard import guarded_thread
+from nvdp.daemon.pernode.nodechoice import NodeConfigRule
+from nvdp.daemon.pernode.nodeconfig import Chosen
+from nvdp.daemon.runloop import EXIT_FAILED
 from nvdp.daemon.skeleton import Skeleton
-from nvdp.nodechoice import NodeConfigRule
-from nvdp.nodeconfig import Chosen
 from nvdp.plugin.prepare import NvmlMissing, Prepared
 from nvdp.plugin.work import DevicePluginWork
-from nvdp.runloop import EXIT_FAILED
 
 LOG = logging.getLogger("test.reload")
 

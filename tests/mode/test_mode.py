@@ -1,4 +1,5 @@
-"""The per-node mode policy (nvdp.mode): which mode a config puts a node in, which pods hold its GPUs,
+"""The per-node mode policy (nvdp.daemon.pernode.mode): which mode a config puts a node in, which pods hold
+its GPUs,
 when a switch may go in, and how the per-node rule waits for one that may not yet."""
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ import pytest
 
 from nvdp.config.loader import load_config_text
 from nvdp.config.select import Selection
-from nvdp.dra.names import DEFAULT_DRIVER
-from nvdp.inventory.profile import load_profile
-from nvdp.mode import DEFAULT_DRIVER as MODE_DEFAULT_DRIVER
-from nvdp.mode import (
+from nvdp.daemon.pernode.mode import DEFAULT_DRIVER as MODE_DEFAULT_DRIVER
+from nvdp.daemon.pernode.mode import (
     DEFAULT_MODE_ENV,
     NAMED_PODS,
     GpuPod,
@@ -35,8 +34,10 @@ from nvdp.mode import (
     refusal,
     unbound_claims,
 )
-from nvdp.nodechoice import RETRY_PENDING_S, ConfigPending, ConfigRefused, NodeConfigRule
-from nvdp.nodeconfig import Chosen
+from nvdp.daemon.pernode.nodechoice import RETRY_PENDING_S, ConfigPending, ConfigRefused, NodeConfigRule
+from nvdp.daemon.pernode.nodeconfig import Chosen
+from nvdp.dra.pool.names import DEFAULT_DRIVER
+from nvdp.inventory.profile import load_profile
 
 DATA = Path(__file__).with_name("data")
 PROFILES = Path(__file__).resolve().parents[2] / "sim" / "profiles"

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.dra.mps import ClaimMps, client_env, daemon_name
-from nvdp.dra.mps_limits import LIMITS_FILE, ClaimLimits, read_limits
+from nvdp.daemon.report.recording import Recorder
+from nvdp.dra.claims.sharing.mps import ClaimMps, client_env, daemon_name
+from nvdp.dra.claims.sharing.mps_limits import LIMITS_FILE, ClaimLimits, read_limits
 from nvdp.mps.commands import Ceiling
 from nvdp.mps.daemons import plan_mps
 from nvdp.mps.paths import ResourcePaths
 from nvdp.mps.supervisor import Backoff, ResourceDaemon, unexpected
-from nvdp.recording import Recorder
 from sim.mps import connect_client, read_record, recorded_servers
 
 from .fakes import FakeModes

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 
 from nvdp.config.model import Config
+from nvdp.daemon.report.recording import Recorder
 from nvdp.doctor.mps_check import DRA_TITLE, MpsChecks
 from nvdp.doctor.where import Where
-from nvdp.dra.mps import ClaimMps
-from nvdp.dra.mps_limits import LIMITS_FILE, ClaimLimits
+from nvdp.dra.claims.sharing.mps import ClaimMps
+from nvdp.dra.claims.sharing.mps_limits import LIMITS_FILE, ClaimLimits
 from nvdp.inventory.model import Inventory
 from nvdp.mps.daemons import plan_mps
 from nvdp.mps.paths import ResourcePaths
 from nvdp.mps.supervisor import Backoff, ResourceDaemon
 from nvdp.plan import Plan, plan
-from nvdp.recording import Recorder
 
 from .fakes import FakeModes
 from .nodes import gpu, inventory, mps_config
@@ -95,7 +95,7 @@ def test_dra_mode_without_mps_claims_and_an_unreadable_limits_file(tmp_path: Pat
 
 
 def test_dra_mode_a_failing_daemon_fails_with_its_error_and_its_limits(tmp_path: Path) -> None:
-    from nvdp.dra.mps_limits import write_limits
+    from nvdp.dra.claims.sharing.mps_limits import write_limits
     from nvdp.mps.commands import Ceiling
     from nvdp.mps.status import write_status
 

@@ -1,4 +1,5 @@
-"""The MPS control daemon in DRA mode (nvdp.mode): no daemons, whatever the entry shares with MPS (the
+"""The MPS control daemon in DRA mode (nvdp.daemon.pernode.mode): no daemons, whatever the entry shares with
+MPS (the
 DRA plugin runs MPS for its claims); a label switch out of DRA mode starts them, one into DRA mode
 waits while a pod uses the GPUs and then stops them."""
 

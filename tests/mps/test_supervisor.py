@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from nvdp.daemon.report.recording import Recorder
 from nvdp.mps.daemons import plan_mps
 from nvdp.mps.paths import ResourcePaths
 from nvdp.mps.status import DaemonStatus, read_status
 from nvdp.mps.supervisor import Backoff, ResourceDaemon
-from nvdp.recording import Recorder
 from sim.mps import read_record, recorded_commands
 
 from .fakes import FakeModes

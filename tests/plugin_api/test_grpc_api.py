@@ -7,9 +7,9 @@ from pathlib import Path
 import generate_api as generate
 import pytest
 
-from nvdp.dra.api import dra_v1_pb2 as dra_v1
-from nvdp.dra.api import dra_v1beta1_pb2 as dra_v1beta1
-from nvdp.dra.api import pluginregistration_v1_pb2 as reg
+from nvdp.dra.kubelet.api import dra_v1_pb2 as dra_v1
+from nvdp.dra.kubelet.api import dra_v1beta1_pb2 as dra_v1beta1
+from nvdp.dra.kubelet.api import pluginregistration_v1_pb2 as reg
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 
 

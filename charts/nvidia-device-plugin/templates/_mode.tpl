@@ -1,5 +1,5 @@
 {{/*
-The per-node mode (nvdp.mode, docs/dra.md "Per-node mode"): with dra.enabled each node is served by
+The per-node mode (nvdp.daemon.pernode.mode, docs/dra.md "Per-node mode"): with dra.enabled each node is served by
 the device plugin or the DRA plugin, as its config entry's flags.mode says (else dra.defaultMode).
 Both DaemonSets then run on the GPU nodes, each advertising only in its own mode.
 */}}

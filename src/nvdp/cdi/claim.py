@@ -26,7 +26,7 @@ from nvdp.inventory.model import Gpu, Inventory, MigDevice
 CLAIM_VENDOR = "k8s.gpu.nvidia.com"
 CLAIM_CLASS = "claim"
 CLAIM_KIND = kind_of(CLAIM_CLASS, CLAIM_VENDOR)
-# Every DRA device name starts with this (nvdp.dra.names: "gpu-<minor>", "gpu-<minor>-mig-...").
+# Every DRA device name starts with this (nvdp.dra.pool.names: "gpu-<minor>", "gpu-<minor>-mig-...").
 _DRA_NAME_START = "gpu-"
 
 

@@ -17,7 +17,8 @@ DeviceIdStrategy = Literal["uuid", "index"]
 AllocationPolicy = Literal["distributed", "packed"]
 DiscoveryStrategy = Literal["auto", "nvml", "tegra"]
 SharingStrategy = Literal["none", "time-slicing", "mps"]
-# Which API serves a node's GPUs (nvdp.mode): the kubelet's device-plugin API or DRA ResourceSlices.
+# Which API serves a node's GPUs (nvdp.daemon.pernode.mode): the kubelet's device-plugin API or DRA
+# ResourceSlices.
 Mode = Literal["device-plugin", "dra"]
 HealthTaintEffect = Literal["NoSchedule", "NoExecute"]
 CdiHookName = Literal[
@@ -64,7 +65,7 @@ class PluginFlags(Struct, frozen=True):
     health_flap_limit: int = 3
     # Host directory of health.json (written by the health authority, read by GFD); empty: no file.
     health_state_dir: str = ""
-    # DRA mode: the effect of a down GPU's device taints (nvdp.dra.taints); NoExecute evicts its pods.
+    # DRA mode: the effect of a down GPU's device taints (nvdp.dra.pool.taints); NoExecute evicts its pods.
     health_taint_effect: HealthTaintEffect = "NoSchedule"
 
     @property
@@ -100,7 +101,8 @@ class Flags(Struct, frozen=True):
     mofed_enabled: bool = False
     use_node_feature_api: bool | None = None
     device_discovery_strategy: DiscoveryStrategy = "auto"
-    # None: the deployment's default (env NVDP_DEFAULT_MODE, else device-plugin; nvdp.mode.node_mode).
+    # None: the deployment's default (env NVDP_DEFAULT_MODE, else device-plugin;
+    # nvdp.daemon.pernode.mode.node_mode).
     mode: Mode | None = None
     plugin: PluginFlags = field(default_factory=PluginFlags)
     gfd: GfdFlags = field(default_factory=GfdFlags)

@@ -12,7 +12,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nvdp.mode import NodeApi
+    from nvdp.daemon.pernode.mode import NodeApi
 
 # What a follower (the labeller, the MPS daemon) logs when it cannot list the node's pods.
 PODS_UNREADABLE = "cannot read the pods on this node (%s): a switch to or from DRA mode needs a restart"
@@ -37,10 +37,11 @@ class ApiConnection:
 
     def node_api(self, node: str, driver: str | None, log: logging.Logger, *, all_claims: bool = False,
                  unreachable: str | None = None) -> NodeApi | None:
-        """The mode policy's reads of `node` (nvdp.mode.NodeApi); None without API access, logged as
+        """The mode policy's reads of `node` (nvdp.daemon.pernode.mode.NodeApi); None without API access,
+        logged as
         a WARNING with `unreachable` (a format with one %s, the cause) where the daemon says so."""
+        from nvdp.daemon.pernode.mode import NodeApi
         from nvdp.kube import KubeConnectError
-        from nvdp.mode import NodeApi
 
         try:
             return NodeApi(self.client(), node, driver, all_claims=all_claims)

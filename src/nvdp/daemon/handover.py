@@ -2,7 +2,7 @@
 
 The device plugin entering "device-plugin" mode waits until the DRA plugin's ResourceSlices for the
 node are gone; the DRA plugin entering "dra" mode waits until the Node's allocatable shows none of the
-device plugin's resources (nvdp.mode). `ModeHandover` is that state machine for either daemon:
+device plugin's resources (nvdp.daemon.pernode.mode). `ModeHandover` is that state machine for either daemon:
 `enter` (from the daemon's `switch`, after `ModeGate.check`) says whether the daemon must hold back,
 `poll` (from its loop) whether the wait just ended, and `advertising` records ModeSwitched once the
 daemon advertises. The daemon supplies only what it waits for (`Waits`).
@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 
 from nvdp.config.model import Mode
-from nvdp.mode import Handover, ModeGate, NodeApi
+from nvdp.daemon.pernode.mode import Handover, ModeGate, NodeApi
 
 # What a daemon entering its mode waits for: (what, a look that says what is still held, or None),
 # or None when there is nothing to wait for (no API access, no other API deployed).

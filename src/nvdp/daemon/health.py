@@ -19,6 +19,7 @@ from msgspec.structs import replace
 
 from nvdp.config.model import Config
 from nvdp.daemon.guard import guarded_loop, guarded_thread
+from nvdp.daemon.report.recording import Recorder
 from nvdp.health.ledger import Cause, Change, Check, Ledger
 from nvdp.health.nvml_event import (
     EVENT_DOUBLE_BIT_ECC,
@@ -31,7 +32,6 @@ from nvdp.health.nvml_event import (
 from nvdp.health.xid_policy import XidPolicy
 from nvdp.health.xids import Remedy, describe, xid_info
 from nvdp.inventory.model import Gpu, Inventory
-from nvdp.recording import Recorder
 
 WANTED_EVENTS = EVENT_XID_CRITICAL | EVENT_DOUBLE_BIT_ECC | EVENT_SINGLE_BIT_ECC
 

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from nvdp.config.model import Config
     from nvdp.daemon.health import HealthMonitor, OnNotice
+    from nvdp.daemon.report.recording import Recorder
     from nvdp.health.ledger import Change, Ledger
     from nvdp.inventory.model import Inventory
-    from nvdp.recording import Recorder
 
 
 class OnHealth(Protocol):

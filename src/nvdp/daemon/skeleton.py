@@ -4,17 +4,19 @@ Every daemon (device plugin, DRA plugin, MPS control daemon, GPU feature discove
 written here once:
 
 1. its HTTP endpoints start (a port taken ends the start), and Node Events are attached;
-2. the per-node config is followed (nvdp.nodeconfig) and its rule (nvdp.nodechoice) puts the first
-   config in force through the daemon's `switch`, the mode gate (nvdp.mode) checking each mode
+2. the per-node config is followed (nvdp.daemon.pernode.nodeconfig) and its rule
+(nvdp.daemon.pernode.nodechoice) puts the first
+   config in force through the daemon's `switch`, the mode gate (nvdp.daemon.pernode.mode) checking each mode
    switch; then the daemon `begin`s its serving;
-3. the run loop (nvdp.runloop) waits: SIGHUP or a node config change chooses again (`replanning`
+3. the run loop (nvdp.daemon.runloop) waits: SIGHUP or a node config change chooses again (`replanning`
    announces it), a pending entry is tried again when due, and the daemon's `step` does its own
    periodic work; a stop signal or a dead guarded thread ends the loop;
 4. on the way out the endpoints stop, the daemon `stop`s its work, the follower stops and the Events
    still queued are sent.
 
 What the daemon reports about its node's config and mode goes through `report`: always the log, and
-an Event where the process records Events and nvdp.event_reasons says this daemon owns the reason.
+an Event where the process records Events and nvdp.daemon.report.event_reasons says this daemon owns the
+reason.
 """
 
 from __future__ import annotations
@@ -26,16 +28,16 @@ from typing import TYPE_CHECKING
 from msgspec import Struct
 
 from nvdp.daemon.errors import CannotGoOn
-from nvdp.recording import Recorder
-from nvdp.runloop import EXIT_FAILED, Inbox, Wake, Wakes, run
+from nvdp.daemon.report.recording import Recorder
+from nvdp.daemon.runloop import EXIT_FAILED, Inbox, Wake, Wakes, run
 
 if TYPE_CHECKING:
     from nvdp.config.model import Mode
     from nvdp.daemon.api import ApiConnection
-    from nvdp.endpoints import HttpEndpoints
-    from nvdp.mode import ModeGate, NodeApi
-    from nvdp.nodechoice import NodeConfigRule
-    from nvdp.nodeconfig import Chosen, NodeConfig, NodeConfigSettings
+    from nvdp.daemon.pernode.mode import ModeGate, NodeApi
+    from nvdp.daemon.pernode.nodechoice import NodeConfigRule
+    from nvdp.daemon.pernode.nodeconfig import Chosen, NodeConfig, NodeConfigSettings
+    from nvdp.daemon.report.endpoints import HttpEndpoints
 
 SIGHUP_WHY = "Received SIGHUP"
 NODE_CONFIG_WHY = "Node config changed"
@@ -52,7 +54,8 @@ class DaemonWork:
         raise NotImplementedError
 
     def mode_api(self) -> NodeApi | None:
-        """The mode policy's API reads (nvdp.mode.NodeApi); None: a mode switch needs a restart."""
+        """The mode policy's API reads (nvdp.daemon.pernode.mode.NodeApi); None: a mode switch needs a
+        restart."""
         return None
 
     def begin(self) -> int | None:
@@ -133,7 +136,7 @@ class Skeleton:
 
     def record_events(self, events: Events) -> None:
         """Send this process's Node Events (nothing is sent without a node name or API access)."""
-        from nvdp.node_events import NodeEvents
+        from nvdp.daemon.report.node_events import NodeEvents
 
         self.recorder.attach_events(NodeEvents.from_env(self.env, self.log, component=self.name,
                                                         node_name=events.node_name,
@@ -179,8 +182,8 @@ class Skeleton:
 
     def _start(self, work: DaemonWork, settings: NodeConfigSettings | None, config_file: str | None,
                on_labels: Callable[[Mapping[str, str]], None] | None) -> int | None:
-        from nvdp.mode import ModeGate
-        from nvdp.nodechoice import NodeConfigRule
+        from nvdp.daemon.pernode.mode import ModeGate
+        from nvdp.daemon.pernode.nodechoice import NodeConfigRule
 
         try:
             self.node_config = self._follow(settings, config_file, on_labels)
@@ -198,7 +201,7 @@ class Skeleton:
     def _follow(self, settings: NodeConfigSettings | None, config_file: str | None,
                 on_labels: Callable[[Mapping[str, str]], None] | None) -> NodeConfig | None:
         """Follow the node label and the entries directory (CONFIG_DIR mode only)."""
-        from nvdp.nodeconfig import follow_settings
+        from nvdp.daemon.pernode.nodeconfig import follow_settings
 
         inbox = self.inbox
         assert inbox is not None

@@ -30,7 +30,7 @@ def _seconds(text: str) -> float:
 
 def register(sub: Any) -> None:
     from nvdp.config.flags import add_config_arguments
-    from nvdp.nodeconfig import add_node_config_arguments
+    from nvdp.daemon.pernode.nodeconfig import add_node_config_arguments
 
     parser = sub.add_parser(
         "doctor",
@@ -83,7 +83,7 @@ def choose_entry(
     """
     from nvdp.config.entries import entry_path, list_entries
     from nvdp.config.select import SelectionError, select_for_labels
-    from nvdp.nodeconfig import settings_from
+    from nvdp.daemon.pernode.nodeconfig import settings_from
 
     settings = settings_from(args, env)
     if settings is None:

@@ -5,11 +5,12 @@
   names exists and answers NodePrepareResources (asked with no claims, which changes nothing);
 - slices: the API server holds this node's ResourceSlices of the driver, the pool is complete at its
   newest generation (as many slices as `resourceSliceCount`), and its devices are the ones this
-  node's GPUs give (`nvdp.dra.devices.dra_devices`), each with the GPU's UUID.
+  node's GPUs give (`nvdp.dra.pool.devices.dra_devices`), each with the GPU's UUID.
 
 A node runs the DRA plugin when its registration socket exists or the environment names a driver
 (`DRA_DRIVER_NAME`, set by the chart's DRA DaemonSet); elsewhere the check is one SKIP line saying so.
-Where it runs, the node's mode (nvdp.mode: the entry's `flags.mode`, else `NVDP_DEFAULT_MODE`, else
+Where it runs, the node's mode (nvdp.daemon.pernode.mode: the entry's `flags.mode`, else `NVDP_DEFAULT_MODE`,
+else
 DRA) says what to expect: in DRA mode the slices above; in device-plugin mode none (the device plugin
 serves the GPUs, and slices too would offer them twice).
 """
@@ -91,7 +92,7 @@ class DraNode(Struct, frozen=True):
     @property
     def checkpoint(self) -> str:
         """The plugin's checkpoint (beside its socket): which MIG devices it made (migStrategy dynamic)."""
-        from nvdp.dra.checkpoint import CHECKPOINT_FILE
+        from nvdp.dra.claims.checkpoint import CHECKPOINT_FILE
 
         return os.path.join(os.path.dirname(self.plugin_socket), CHECKPOINT_FILE)
 
@@ -99,6 +100,7 @@ class DraNode(Struct, frozen=True):
 def dra_node(env: Mapping[str, str]) -> DraNode:
     """The DRA plugin's driver and sockets as `nvidia-dra-plugin` takes them from `env`, and whether it
     runs on this node: its registration socket exists, or DRA_DRIVER_NAME is set."""
+    from nvdp.dra.kubelet.server import plugin_socket_path, registration_socket_path
     from nvdp.dra.main import (
         DEFAULT_PLUGINS_DIR,
         DEFAULT_REGISTRAR_DIR,
@@ -106,8 +108,7 @@ def dra_node(env: Mapping[str, str]) -> DraNode:
         PLUGINS_DIR_ENV,
         REGISTRAR_DIR_ENV,
     )
-    from nvdp.dra.names import DEFAULT_DRIVER
-    from nvdp.dra.server import plugin_socket_path, registration_socket_path
+    from nvdp.dra.pool.names import DEFAULT_DRIVER
 
     driver = env.get(DRIVER_ENV) or DEFAULT_DRIVER
     registrar = env.get(REGISTRAR_DIR_ENV) or DEFAULT_REGISTRAR_DIR
@@ -126,9 +127,10 @@ def dra_node(env: Mapping[str, str]) -> DraNode:
 
 
 def node_mode(config: Config, env: Mapping[str, str], node: DraNode) -> Mode:
-    """The node's mode as the daemons take it (nvdp.mode), except that a node running the DRA plugin
+    """The node's mode as the daemons take it (nvdp.daemon.pernode.mode), except that a node running the DRA
+    plugin
     with no mode set anywhere is a DRA node (a DRA plugin deployed without the device plugin)."""
-    from nvdp.mode import DEFAULT_MODE_ENV, InvalidMode, default_mode
+    from nvdp.daemon.pernode.mode import DEFAULT_MODE_ENV, InvalidMode, default_mode
 
     if config.flags.mode is not None:
         return config.flags.mode
@@ -169,13 +171,13 @@ class DraChecks:
 def dynamic_mig(inventory: Inventory, node: DraNode) -> Finding:
     """migStrategy dynamic: whether every MIG-capable GPU can have MIG devices made on demand (MIG mode
     on, or switchable without a reset), and MIG devices the plugin did not make; the plugin's own
-    words (nvdp.dra.pool.dynamic_warnings)."""
-    from nvdp.dra.checkpoint import made_instance_uuids
-    from nvdp.dra.partitions import partitions_published
-    from nvdp.dra.pool import dynamic_warnings, foreign_instances
+    words (nvdp.dra.pool.contents.dynamic_warnings)."""
+    from nvdp.dra.claims.checkpoint import read_owned_mig
+    from nvdp.dra.pool.contents import dynamic_warnings, foreign_instances
+    from nvdp.dra.pool.partitions import partitions_published
 
     title = "Dynamic MIG"
-    warnings = dynamic_warnings(inventory, foreign_instances(inventory, made_instance_uuids(node.checkpoint)))
+    warnings = dynamic_warnings(inventory, foreign_instances(inventory, read_owned_mig(node.checkpoint).owns))
     if warnings:
         return failed("dra-mig", title, " ".join(warnings), "the fix is named with each GPU above")
     ready = [g.index for g in inventory.gpus if partitions_published(g)]
@@ -196,8 +198,8 @@ def _rpc_problem(err: Exception, path: str, call: str) -> str:
 def dra_registration(node: DraNode, timeout: float) -> Finding:
     """The registration socket answers GetInfo as the kubelet expects; its endpoint answers DRA calls."""
     from nvdp.daemon.grpc_import import grpc
-    from nvdp.dra.api import pluginregistration_v1_pb2 as reg_pb
-    from nvdp.dra.server import PLUGIN_TYPE, SUPPORTED_VERSIONS
+    from nvdp.dra.kubelet.api import pluginregistration_v1_pb2 as reg_pb
+    from nvdp.dra.kubelet.server import PLUGIN_TYPE, SUPPORTED_VERSIONS
     from nvdp.plugin.grpc_client import fresh_channel
 
     check, path = "dra-registration", node.registration_socket
@@ -240,7 +242,7 @@ def dra_registration(node: DraNode, timeout: float) -> Finding:
 
 
 def _registration_stub(channel: Any) -> Any:
-    from nvdp.dra.api import pluginregistration_v1_pb2_grpc
+    from nvdp.dra.kubelet.api import pluginregistration_v1_pb2_grpc
 
     stub: Any = pluginregistration_v1_pb2_grpc
     return stub.RegistrationStub(channel)
@@ -249,7 +251,7 @@ def _registration_stub(channel: Any) -> Any:
 def _prepare_nothing(endpoint: str, version: str, timeout: float) -> str | None:
     """None when `endpoint` answers NodePrepareResources with no claims (a no-op), else why not."""
     from nvdp.daemon.grpc_import import grpc
-    from nvdp.dra.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+    from nvdp.dra.kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
     from nvdp.plugin.grpc_client import fresh_channel
 
     api: Any = dra_v1_pb2 if version.startswith("v1.") else dra_v1beta1_pb2
@@ -318,15 +320,15 @@ def dra_slices(node: DraNode, node_name: str, kubeconfig: str | None, inventory:
 
 def _expected(config: Config, inventory: Inventory, node: DraNode) -> dict[str, str]:
     """Device name -> UUID of what the plugin publishes for these GPUs, by the plugin's own functions
-    (nvdp.dra.pool; its checkpoint for the MIG devices it made under migStrategy dynamic); the bare
+    (nvdp.dra.pool.contents; its checkpoint for the MIG devices it made under migStrategy dynamic); the bare
     devices when the config cannot be applied (the plugin then says why)."""
-    from nvdp.dra.checkpoint import made_instance_uuids
-    from nvdp.dra.devices import dra_devices
-    from nvdp.dra.pool import pool_devices
+    from nvdp.dra.claims.checkpoint import read_owned_mig
+    from nvdp.dra.pool.contents import pool_devices
+    from nvdp.dra.pool.devices import dra_devices
     from nvdp.plan import PlanError
 
     try:
-        devices = pool_devices(config, inventory, made_instance_uuids(node.checkpoint))
+        devices = pool_devices(config, inventory, read_owned_mig(node.checkpoint).owns)
     except PlanError:
         devices = dra_devices(inventory)
     return {d.name: d.uuid for d in devices}
@@ -359,7 +361,7 @@ def dra_no_slices(node: DraNode, node_name: str, kubeconfig: str | None) -> Find
 
 def _compare(check: str, where: str, published: Mapping[str, str], expected: Mapping[str, str],
              taints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> Finding:
-    from nvdp.dra.taints import is_down, what_brings_back
+    from nvdp.dra.pool.taints import is_down, what_brings_back
 
     missing = [name for name in expected if name not in published]
     other = [f"{name} ({uuid or 'no uuid'}, this node's is {expected[name]})"

@@ -67,8 +67,8 @@ class MpsChecks:
     def _dra_mps_limits(self) -> list[Finding]:
         """One finding per MPS daemon the DRA plugin runs: its ceiling and each claim's limits."""
         from nvdp.config.names import DRA_DRIVER_ENV
-        from nvdp.dra.mps_limits import LIMITS_FILE, describe_ceiling, enforcement, read_limits
-        from nvdp.dra.names import DEFAULT_DRIVER
+        from nvdp.dra.claims.sharing.mps_limits import LIMITS_FILE, describe_ceiling, enforcement, read_limits
+        from nvdp.dra.pool.names import DEFAULT_DRIVER
         from nvdp.mps.paths import STATUS_FILE, container_root
         from nvdp.mps.status import read_status
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO, get_args
 
 from nvdp.config.model import Mode
-from nvdp.dra.names import DEFAULT_DRIVER, check_driver_name
+from nvdp.dra.pool.names import DEFAULT_DRIVER, check_driver_name
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -66,9 +66,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     warning on `err`, with the fix."""
     from nvdp.config.issues import ConfigError
     from nvdp.config.loader import load_config
-    from nvdp.dra.pool import DEFAULT_MODE_ENV, pool_devices, pool_warnings, published_slices
+    from nvdp.daemon.pernode.mode import node_mode
+    from nvdp.dra.pool.contents import DEFAULT_MODE_ENV, pool_devices, pool_warnings, published_slices
     from nvdp.inventory.profile import ProfileError, load_profile
-    from nvdp.mode import node_mode
     from nvdp.plan import PlanError
     from nvdp.plan.cli import resolve_profile
 
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         print(f"nvdp dra slices: warning: {warning}", file=err)
     taints = None
     if args.health_record:
-        from nvdp.dra.taints import device_health_for, slice_taints
+        from nvdp.dra.pool.taints import device_health_for, slice_taints
 
         record = _read_record(args.health_record)
         if isinstance(record, str):

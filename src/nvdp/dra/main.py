@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 
 from nvdp import __version__
 from nvdp.config.names import DRA_DRIVER_ENV, node_name
+from nvdp.daemon.runloop import EXIT_USAGE
 from nvdp.daemon.skeleton import Events, Skeleton
-from nvdp.dra.names import DEFAULT_DRIVER, check_driver_name
-from nvdp.runloop import EXIT_USAGE
+from nvdp.dra.pool.names import DEFAULT_DRIVER, check_driver_name
 
 NAME = "nvidia-dra-plugin"
 DRIVER_ENV = DRA_DRIVER_ENV
@@ -37,8 +37,8 @@ DEFAULT_CDI_ROOT = "/var/run/cdi"
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     from nvdp.config.flags import add_config_arguments
-    from nvdp.daemon import observe
-    from nvdp.nodeconfig import add_node_config_arguments
+    from nvdp.daemon.pernode.nodeconfig import add_node_config_arguments
+    from nvdp.daemon.report import observe
 
     env = os.environ if env is None else env
     parser = argparse.ArgumentParser(
@@ -76,10 +76,10 @@ def check_start(driver: str, node: str) -> str | None:
 
 
 def run(args: argparse.Namespace, env: Mapping[str, str], log: logging.Logger) -> int:
-    from nvdp.daemon.observe import PORT_FIX
+    from nvdp.daemon.pernode.nodeconfig import settings_from
+    from nvdp.daemon.report.observe import PORT_FIX
     from nvdp.dra.probes import serve_probes
     from nvdp.dra.work import DraWork
-    from nvdp.nodeconfig import settings_from
 
     problem = check_start(args.driver_name, node_name(env))
     if problem is not None:
@@ -92,8 +92,8 @@ def run(args: argparse.Namespace, env: Mapping[str, str], log: logging.Logger) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from nvdp.daemon import observe
-    from nvdp.daemon.logs import setup_logging
+    from nvdp.daemon.report import observe
+    from nvdp.daemon.report.logs import setup_logging
 
     parser = build_parser()
     args = parser.parse_args(argv)

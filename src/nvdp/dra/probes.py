@@ -1,5 +1,5 @@
 """The DRA plugin's HTTP endpoints: /healthz and /readyz on --health-address, with /metrics on
---metrics-address (the flags: nvdp.daemon.observe)."""
+--metrics-address (the flags: nvdp.daemon.report.observe)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import os
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from nvdp.daemon.probes import Check, liveness
-from nvdp.endpoints import Response, Route
+from nvdp.daemon.report.endpoints import Response, Route
+from nvdp.daemon.report.probes import Check, liveness
 
 if TYPE_CHECKING:
     from nvdp.daemon.healthwatch import HealthWatch
-    from nvdp.dra.server import DraServer
-    from nvdp.endpoints import HttpEndpoints
-    from nvdp.recording import Recorder
+    from nvdp.daemon.report.endpoints import HttpEndpoints
+    from nvdp.daemon.report.recording import Recorder
+    from nvdp.dra.kubelet.server import DraServer
 
 
 class Probed(Protocol):
@@ -63,7 +63,7 @@ class Served(Protocol):
 def serve_probes(process: Served, args: argparse.Namespace, log: logging.Logger) -> list[HttpEndpoints]:
     """/healthz and /readyz on --health-address, and with /metrics on --metrics-address; a server that
     dies ends the process (nvdp.daemon.guard)."""
-    from nvdp.daemon.observe import scrape, serve
+    from nvdp.daemon.report.observe import scrape, serve
 
     def metrics() -> Response:
         return scrape(process.recorder, "PLUGIN")()

@@ -12,16 +12,17 @@ from msgspec import Struct
 
 from nvdp.config.model import Config
 from nvdp.daemon.errors import StartupError
-from nvdp.dra.cdi_specs import ClaimSpecWriter
-from nvdp.dra.devices import DraDevice
+from nvdp.dra.claims.cdi_specs import ClaimSpecWriter
+from nvdp.dra.pool.contents import Owns
+from nvdp.dra.pool.devices import DraDevice
 from nvdp.inventory.model import Inventory
 
 if TYPE_CHECKING:
-    from nvdp.dra.instances import ClaimInstances
-    from nvdp.dra.mps import ClaimMps
-    from nvdp.dra.sharing import NodeSharing
-    from nvdp.nodeconfig import Chosen
-    from nvdp.recording import Recorder
+    from nvdp.daemon.pernode.nodeconfig import Chosen
+    from nvdp.daemon.report.recording import Recorder
+    from nvdp.dra.claims.mig import ClaimInstances
+    from nvdp.dra.claims.sharing.mps import ClaimMps
+    from nvdp.dra.claims.sharing.node import NodeSharing
 
 
 class Serving(Struct, frozen=True):
@@ -34,15 +35,15 @@ class Serving(Struct, frozen=True):
 
 
 def prepare(config: Config, chosen: Chosen | None, cdi_root: str, log: logging.Logger,
-            owned: frozenset[str] = frozenset()) -> Serving:
+            owns: Owns | None = None) -> Serving:
     """GPUs, devices and CDI facts for a loaded config; StartupError / NvmlMissing, changing nothing.
-    `owned`: the MIG devices the plugin made for its claims (migStrategy dynamic; its checkpoint)."""
+    `owns`: whether the plugin made a MIG device for a claim (migStrategy dynamic; its checkpoint)."""
     from nvdp.cdi.errors import CdiError
     from nvdp.cdi.host import discover_host
     from nvdp.daemon.imex import channels_on_node
     from nvdp.daemon.inputs import discover
-    from nvdp.dra.devices import by_name
-    from nvdp.dra.pool import pool_devices
+    from nvdp.dra.pool.contents import pool_devices
+    from nvdp.dra.pool.devices import by_name
     from nvdp.plan import PlanError
 
     log.info("Configuration from %s%s", config.source, f", {chosen.describe()}" if chosen else "")
@@ -55,7 +56,7 @@ def prepare(config: Config, chosen: Chosen | None, cdi_root: str, log: logging.L
     for warning in facts.warnings:
         log.warning("CDI: %s", warning)
     try:
-        devices = by_name(pool_devices(config, inventory, owned))
+        devices = by_name(pool_devices(config, inventory, owns) if owns else pool_devices(config, inventory))
     except PlanError as err:
         raise StartupError(f"invalid config for this node's GPUs: {err}") from None
     return Serving(config, inventory, devices, ClaimSpecWriter(cdi_root, config, inventory, facts))
@@ -67,9 +68,9 @@ def node_sharing(client: Any, serving: Serving, env: Mapping[str, str], driver: 
     dra.mps)."""
     from functools import partial
 
-    from nvdp.dra.claim_events import ClaimEvents
-    from nvdp.dra.mps import ClaimMps
-    from nvdp.dra.sharing import NodeSharing
+    from nvdp.dra.claims.events import ClaimEvents
+    from nvdp.dra.claims.sharing.mps import ClaimMps
+    from nvdp.dra.claims.sharing.node import NodeSharing
     from nvdp.mps.compute_mode import NvmlComputeModes
     from nvdp.mps.paths import CONTAINER_ROOT_ENV, HOST_ROOT_ENV, container_root
 
@@ -90,7 +91,7 @@ def node_sharing(client: Any, serving: Serving, env: Mapping[str, str], driver: 
 def claim_instances(serving: Serving | None, client: Any, driver: str, log: logging.Logger) -> ClaimInstances:
     """The MIG devices made for claims (migStrategy dynamic), through NVML on the config's driver, their
     UUIDs written into the claims' status."""
-    from nvdp.dra.instances import ClaimInstances
+    from nvdp.dra.claims.mig import ClaimInstances
     from nvdp.inventory.mig_control import MigControl
     from nvdp.kube import apply_device_status
 
@@ -107,12 +108,12 @@ def claim_instances(serving: Serving | None, client: Any, driver: str, log: logg
 def foreign_report(serving: Serving, checkpoint: str) -> tuple[frozenset[str], str]:
     """migStrategy dynamic: the MIG devices the plugin did not make (by its checkpoint), and the
     Warning Event's message about them ("" when there are none)."""
-    from nvdp.dra.checkpoint import made_instance_uuids
-    from nvdp.dra.pool import foreign_instances
+    from nvdp.dra.claims.checkpoint import read_owned_mig
+    from nvdp.dra.pool.contents import foreign_instances
 
     if serving.config.flags.mig_strategy != "dynamic":
         return frozenset(), ""
-    foreign = foreign_instances(serving.inventory, made_instance_uuids(checkpoint))
+    foreign = foreign_instances(serving.inventory, read_owned_mig(checkpoint).owns)
     seen = frozenset(m.uuid for migs in foreign.values() for m in migs)
     if not seen:
         return seen, ""

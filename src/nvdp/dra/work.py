@@ -1,8 +1,10 @@
 """The DRA plugin's own work on the daemon skeleton: one config's devices, published and prepared.
 
-`switch` (the per-node rule's, nvdp.nodechoice) reads the config, the GPUs and the CDI driver facts and
-puts the devices in force; `begin` publishes the pool (nvdp.dra.keeper), restores the prepared claims
-(nvdp.dra.state), registers with the kubelet (nvdp.dra.server) and starts the health checks; each loop
+`switch` (the per-node rule's, nvdp.daemon.pernode.nodechoice) reads the config, the GPUs and the CDI driver
+facts and
+puts the devices in force; `begin` publishes the pool (nvdp.dra.pool.keeper), restores the prepared claims
+(nvdp.dra.claims.preparer), registers with the kubelet (nvdp.dra.kubelet.server) and starts the health
+checks; each loop
 tick re-creates a removed socket, ends a mode hand-over and retries a failed publish.
 """
 
@@ -20,27 +22,28 @@ from nvdp.config.names import node_name
 from nvdp.daemon.errors import NvmlMissing, StartupError
 from nvdp.daemon.handover import ModeHandover
 from nvdp.daemon.healthwatch import HealthWatch
+from nvdp.daemon.runloop import EXIT_FAILED, Wakes
 from nvdp.daemon.skeleton import DaemonWork, Skeleton
 from nvdp.dra import probes
-from nvdp.dra.checkpoint import CHECKPOINT_FILE
-from nvdp.dra.devices import DraDevice
-from nvdp.dra.keeper import SliceKeeper
+from nvdp.dra.claims.checkpoint import CHECKPOINT_FILE
+from nvdp.dra.pool.devices import DraDevice
+from nvdp.dra.pool.keeper import SliceKeeper
+from nvdp.dra.pool.taints import DeviceHealth, InformationalXids
 from nvdp.dra.serving import Serving, prepare
-from nvdp.dra.taints import DeviceHealth, InformationalXids
-from nvdp.runloop import EXIT_FAILED, Wakes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from nvdp.dra.cdi_specs import ClaimSpecWriter
-    from nvdp.dra.mps import ClaimMps
-    from nvdp.dra.server import DraServer
-    from nvdp.dra.sharing import NodeSharing
-    from nvdp.dra.state import ClaimPreparer, NodeView
-    from nvdp.endpoints import Response
+    from nvdp.daemon.pernode.mode import NodeApi
+    from nvdp.daemon.pernode.nodeconfig import Chosen
+    from nvdp.daemon.report.endpoints import Response
+    from nvdp.dra.claims.cdi_specs import ClaimSpecWriter
+    from nvdp.dra.claims.preparer import ClaimPreparer
+    from nvdp.dra.claims.sharing.mps import ClaimMps
+    from nvdp.dra.claims.sharing.node import NodeSharing
+    from nvdp.dra.claims.view import NodeView
+    from nvdp.dra.kubelet.server import DraServer
     from nvdp.health.ledger import Change, Ledger
-    from nvdp.mode import NodeApi
-    from nvdp.nodeconfig import Chosen
 
 LOCK_FILE = "pu.lock"
 # The loop wakes this often to check that its sockets are still there (a kubelet's clean-up, or an
@@ -76,7 +79,8 @@ class DraWork(DaemonWork):
         self.not_serving_reason: str | None = "starting"
         self._foreign_reported: frozenset[str] = frozenset()
         self._lock = threading.Lock()  # the serving state, shared with the health and gRPC threads
-        # The node's mode (nvdp.mode): slices only in "dra" mode, once the device plugin has withdrawn.
+        # The node's mode (nvdp.daemon.pernode.mode): slices only in "dra" mode, once the device plugin has
+        # withdrawn.
         self.mode: ModeHandover | None = None
         self.slices = SliceKeeper(self.wanted, self._mode_in_force, self._waiting, self.log)
 
@@ -90,22 +94,22 @@ class DraWork(DaemonWork):
 
     def prepare(self, chosen: Chosen | None) -> Serving:
         """Config, GPUs, devices and CDI facts; StartupError / NvmlMissing, changing nothing."""
-        from nvdp.dra.checkpoint import made_instance_uuids
+        from nvdp.dra.claims.checkpoint import read_owned_mig
 
-        owned = made_instance_uuids(os.path.join(self.plugin_dir, CHECKPOINT_FILE))
-        return prepare(self.load(chosen), chosen, self.args.cdi_root, self.log, owned)
+        owned = read_owned_mig(os.path.join(self.plugin_dir, CHECKPOINT_FILE))
+        return prepare(self.load(chosen), chosen, self.args.cdi_root, self.log, owned.owns)
 
     def mode_of(self, chosen: Chosen | None) -> Mode:
         """The mode `chosen` puts the node in (its config read once more, before anything is read from
         the GPUs, so a switch that must wait costs no NVML or driver-file reads)."""
-        from nvdp.mode import node_mode
+        from nvdp.daemon.pernode.mode import node_mode
 
         return node_mode(self.load(chosen), self.env)
 
     def switch(self, chosen: Chosen | None) -> None:
         """The per-node rule's switch: put `chosen` in force, or raise ConfigRefused serving as before."""
-        from nvdp.dra.pool import env_default_mode, pool_warnings
-        from nvdp.nodechoice import ConfigRefused
+        from nvdp.daemon.pernode.nodechoice import ConfigRefused
+        from nvdp.dra.pool.contents import env_default_mode, pool_warnings
 
         handover = self.mode_handover()
         try:
@@ -157,7 +161,7 @@ class DraWork(DaemonWork):
             return list(self.serving.devices.values()), self.unhealthy, dict(self.device_health)
 
     def view(self) -> NodeView:
-        from nvdp.dra.state import NodeView
+        from nvdp.dra.claims.view import NodeView
 
         with self._lock:
             assert self.serving is not None
@@ -169,7 +173,7 @@ class DraWork(DaemonWork):
     def health_of(self, serving: Serving, ledger: Ledger) -> dict[str, DeviceHealth]:
         """Each device's health from the ledger's record: the same function as `nvdp dra slices
         --health-record` and the doctor use."""
-        from nvdp.dra.taints import device_health_for
+        from nvdp.dra.pool.taints import device_health_for
         from nvdp.health.settings import settings_from_config
 
         quiet_s = settings_from_config(serving.config).after
@@ -177,7 +181,8 @@ class DraWork(DaemonWork):
                                  informational=self.informational.current(time.time(), quiet_s),
                                  unmonitored=frozenset(self.unmonitored))
 
-    # --- the node's mode (nvdp.mode) -------------------------------------------------------------
+    # --- the node's mode (nvdp.daemon.pernode.mode)
+    # -------------------------------------------------------------
 
     def mode_api(self) -> NodeApi | None:
         return self.skeleton.api.node_api(self.node, self.driver, self.log, all_claims=True)
@@ -191,7 +196,7 @@ class DraWork(DaemonWork):
         return self.mode
 
     def _waits(self, api: NodeApi) -> tuple[str, Callable[[], str | None]] | None:
-        from nvdp.mode import device_plugin_resources, planned_resources
+        from nvdp.daemon.pernode.mode import device_plugin_resources, planned_resources
 
         serving = self.serving
         assert serving is not None
@@ -214,12 +219,12 @@ class DraWork(DaemonWork):
 
     def begin(self) -> int | None:
         """After the first config: slices, prepared claims, the kubelet's sockets, health checks."""
-        from nvdp.dra.cdi_specs import CurrentSpecs
-        from nvdp.dra.health_service import HealthFeed
-        from nvdp.dra.publish import SlicePublisher
-        from nvdp.dra.server import DraServer
+        from nvdp.dra.claims.cdi_specs import CurrentSpecs
+        from nvdp.dra.claims.preparer import ClaimPreparer
+        from nvdp.dra.kubelet.health_service import HealthFeed
+        from nvdp.dra.kubelet.server import DraServer
+        from nvdp.dra.pool.publish import SlicePublisher
         from nvdp.dra.serving import claim_instances
-        from nvdp.dra.state import ClaimPreparer
         from nvdp.kube import get_claim, list_claims
 
         client = self.skeleton.api.client()
@@ -313,8 +318,8 @@ class DraWork(DaemonWork):
     def start_failed(self, err: Exception) -> int | None:
         from nvdp.config.select import SelectionError
         from nvdp.daemon.owned_socket import ServerStartError
+        from nvdp.daemon.pernode.nodechoice import ConfigRefused
         from nvdp.kube import KubeConnectError
-        from nvdp.nodechoice import ConfigRefused
 
         if isinstance(err, (StartupError, ConfigRefused, SelectionError, KubeConnectError, NvmlMissing)):
             self.log.error("%s", err)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 
 from nvdp.config.loader import load_config
 from nvdp.config.model import Config
+from nvdp.daemon.runloop import EXIT_FAILED, EXIT_OK, Wakes
 from nvdp.gfd.host import read_host_facts
 from nvdp.gfd.labeller import labelling_pass
 from nvdp.gfd.labels import HostFacts, LabelError
@@ -21,7 +22,6 @@ from nvdp.gfd.options import GFD_ENV_VARS, ProcessOptions, parse_duration
 from nvdp.gfd.publish import Output
 from nvdp.health.state import FILE as HEALTH_FILE
 from nvdp.inventory.model import Inventory
-from nvdp.runloop import EXIT_FAILED, EXIT_OK, Wakes
 
 FIRST_READ_TIMEOUT_S = 60.0
 MIN_INTERVAL_S = 1.0
@@ -46,7 +46,7 @@ def discover_gpus(config: Config) -> Inventory:
 class Discovery:
     """One labelling pass per wake-up or interval; its edges (NVML, clock, output) are injectable for tests.
 
-    `step` is the run loop's step (nvdp.runloop); `timeout` says when the next pass is due.
+    `step` is the run loop's step (nvdp.daemon.runloop); `timeout` says when the next pass is due.
     """
 
     def __init__(

@@ -18,12 +18,12 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from nvdp.config.select import SelectionError
-from nvdp.daemon.logs import setup_logging
+from nvdp.daemon.report.logs import setup_logging
+from nvdp.daemon.runloop import EXIT_USAGE
 from nvdp.daemon.skeleton import Events, Skeleton
 from nvdp.gfd.discovery import log
 from nvdp.gfd.options import ProcessOptions, parse_options
 from nvdp.gfd.work import GfdWork
-from nvdp.runloop import EXIT_USAGE
 
 NAME = "gpu-feature-discovery"
 

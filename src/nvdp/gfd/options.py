@@ -17,7 +17,7 @@ from msgspec import Struct
 from nvdp.config import names
 from nvdp.config.durations import parse_duration as parse_duration  # where GFD's callers import it
 from nvdp.config.sources import CONFIG_FILE_ENV, ENV_VARS
-from nvdp.nodeconfig import NodeConfigSettings, add_node_config_arguments, settings_from
+from nvdp.daemon.pernode.nodeconfig import NodeConfigSettings, add_node_config_arguments, settings_from
 
 # GFD's names first: when two names lead to one path, the first one set wins.
 GFD_ENV_VARS: Mapping[str, str] = {

@@ -1,7 +1,9 @@
 """GPU feature discovery's own work on the daemon skeleton: its config, its output, its passes.
 
-`switch` (the per-node rule's, nvdp.nodechoice) loads the chosen entry or the config file. The labels
-come from the same plan in either mode (nvdp.mode); a switch between the modes waits, as the plugins'
+`switch` (the per-node rule's, nvdp.daemon.pernode.nodechoice) loads the chosen entry or the config file. The
+labels
+come from the same plan in either mode (nvdp.daemon.pernode.mode); a switch between the modes waits, as the
+plugins'
 does, until no pod uses the node's GPUs, so the labels describe what is served. `begin` opens the
 output the config asks for and makes the first pass; each wake-up makes the next (nvdp.gfd.discovery).
 """
@@ -17,17 +19,17 @@ from nvdp.config.loader import ConfigError, entry_in_force, load_config
 from nvdp.config.model import Config
 from nvdp.daemon.api import PODS_UNREADABLE
 from nvdp.daemon.errors import StartupError
+from nvdp.daemon.pernode.mode import driver_name, follower_mode
+from nvdp.daemon.runloop import EXIT_FAILED, Wake, Wakes
 from nvdp.daemon.skeleton import DaemonWork, Skeleton
 from nvdp.gfd.discovery import Discovery, load, log
 from nvdp.gfd.options import GFD_ENV_VARS, ProcessOptions
 from nvdp.gfd.publish import FileOutput, NodeFeatureOutput, NodeOutput, Output
-from nvdp.mode import driver_name, follower_mode
-from nvdp.runloop import EXIT_FAILED, Wake, Wakes
 
 if TYPE_CHECKING:
+    from nvdp.daemon.pernode.mode import NodeApi
+    from nvdp.daemon.pernode.nodeconfig import Chosen
     from nvdp.kube import NodeWatcher
-    from nvdp.mode import NodeApi
-    from nvdp.nodeconfig import Chosen
 
 
 def make_output(opts: ProcessOptions, config: Config, client: Callable[[], Any] | None = None) -> Output:
@@ -83,7 +85,7 @@ class GfdWork(DaemonWork):
                                           unreachable=PODS_UNREADABLE)
 
     def switch(self, chosen: Chosen | None) -> None:
-        from nvdp.nodechoice import ConfigRefused
+        from nvdp.daemon.pernode.nodechoice import ConfigRefused
 
         try:
             if self.opts.node_config is None:
@@ -131,8 +133,8 @@ class GfdWork(DaemonWork):
 
     def start_failed(self, err: Exception) -> int | None:
         from nvdp.config.select import SelectionError
+        from nvdp.daemon.pernode.nodechoice import ConfigRefused
         from nvdp.inventory.nvml import NvmlUnavailable
-        from nvdp.nodechoice import ConfigRefused
 
         if isinstance(err, (ConfigRefused, SelectionError)):
             log.error("invalid configuration:\n%s", err)

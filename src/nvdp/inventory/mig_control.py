@@ -9,16 +9,29 @@ make them. The CI profile is the one NVML reports with the GI's slice count, not
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from typing import Any
 
 import pynvml
+from msgspec import Struct
 
 from nvdp.inventory.model import MigDevice
 from nvdp.inventory.nvml import NvmlSession, error_name, read_mig_devices
 
 # What NVML answers when a placement is taken, and what that means to whoever reads the error.
 _TAKEN = (pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES, pynvml.NVML_ERROR_IN_USE)
+
+
+class GpuInstance(Struct, frozen=True):
+    """A GPU instance as NVML lists it, with or without compute instances (a create cut short leaves
+    one without): its id, GI profile id, placement and the UUIDs of its MIG devices."""
+
+    gi_id: int
+    gi_profile_id: int
+    start: int
+    size: int
+    mig_uuids: tuple[str, ...] = ()
 
 
 class MigControlError(Exception):
@@ -84,35 +97,75 @@ class MigControl:
     def create(self, gpu_uuid: str, gi_profile_id: int, start: int, size: int, profile: str) -> MigDevice:
         """Make a GPU instance of `gi_profile_id` at (`start`, `size`) and one compute instance over it;
         the new MIG device. Nothing is left behind when it fails."""
+        gi_id = self.create_gpu_instance(gpu_uuid, gi_profile_id, start, size, profile)
+        try:
+            return self.create_compute_instance(gpu_uuid, gi_id, gi_profile_id, profile)
+        except MigControlError:
+            with contextlib.suppress(MigControlError):
+                self.destroy_gpu_instance(gpu_uuid, gi_id)
+            raise
+
+    def create_gpu_instance(self, gpu_uuid: str, gi_profile_id: int, start: int, size: int,
+                            profile: str) -> int:
+        """Make a GPU instance of `gi_profile_id` at (`start`, `size`); its id."""
         where = f"{profile} at memory slices {start}..{start + size - 1}"
         with self._session:
-            handle, index = self._gpu(gpu_uuid)
+            handle, _ = self._gpu(gpu_uuid)
             placement = pynvml.c_nvmlGpuInstancePlacement_t()
             placement.start, placement.size = start, size
             try:
                 gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, gi_profile_id,
                                                                      ctypes.byref(placement))
+                return int(pynvml.nvmlGpuInstanceGetInfo(gi).id)
             except pynvml.NVMLError as e:
                 raise self._error(gpu_uuid, f"create the GPU instance {where}", e) from None
+
+    def create_compute_instance(self, gpu_uuid: str, gi_id: int, gi_profile_id: int,
+                                profile: str) -> MigDevice:
+        """Make the compute instance spanning GPU instance `gi_id`; the MIG device it makes. A failure
+        leaves the GPU instance as it was (the caller's record says whose it is)."""
+        what = f"the compute instance of the {profile} GPU instance {gi_id}"
+        with self._session:
+            handle, index = self._gpu(gpu_uuid)
             try:
-                gi_info = pynvml.nvmlGpuInstanceGetInfo(gi)
+                gi = pynvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
                 ci_profile = self._ci_profile(handle, gi, gi_profile_id)
                 ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile)
                 ci_info = pynvml.nvmlComputeInstanceGetInfo(ci)
                 made = [m for m in read_mig_devices(index, gpu_uuid, handle)
-                        if m.gi_id == int(gi_info.id) and m.ci_id == int(ci_info.id)]
-                if not made:
-                    raise MigControlError(f"GPU {gpu_uuid}: NVML made the {where} but lists no MIG device "
-                                          f"for GPU instance {gi_info.id}; the driver may need an update")
-                return made[0]
-            except (pynvml.NVMLError, MigControlError) as e:
-                self._undo(gi)
-                if isinstance(e, MigControlError):
-                    raise
-                raise self._error(gpu_uuid, f"create the compute instance of the {where}", e) from None
+                        if m.gi_id == gi_id and m.ci_id == int(ci_info.id)]
+            except pynvml.NVMLError as e:
+                raise self._error(gpu_uuid, f"create {what}", e) from None
+            if not made:
+                raise MigControlError(f"GPU {gpu_uuid}: NVML made {what} but lists no MIG device for it; "
+                                      "the driver may need an update")
+            return made[0]
 
-    def destroy(self, gpu_uuid: str, gi_id: int, ci_id: int) -> None:
-        """Destroy the compute instance and its GPU instance; one that is already gone is no error."""
+    def gpu_instances(self, gpu_uuid: str) -> tuple[GpuInstance, ...]:
+        """Every GPU instance of the GPU, those without a compute instance too (empty while MIG mode is
+        off): what a crash between the two creates leaves is found here."""
+        with self._session:
+            handle, index = self._gpu(gpu_uuid)
+            try:
+                current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+                if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+                    return ()
+                uuids: dict[int, list[str]] = {}
+                for mig in read_mig_devices(index, gpu_uuid, handle):
+                    uuids.setdefault(mig.gi_id, []).append(mig.uuid)
+                found = []
+                for gi in _gpu_instances(handle):
+                    info = pynvml.nvmlGpuInstanceGetInfo(gi)
+                    found.append(GpuInstance(gi_id=int(info.id), gi_profile_id=int(info.profileId),
+                                             start=int(info.placement.start), size=int(info.placement.size),
+                                             mig_uuids=tuple(uuids.get(int(info.id), ()))))
+            except pynvml.NVMLError as e:
+                raise self._error(gpu_uuid, "list the GPU instances", e) from None
+            return tuple(sorted(found, key=lambda g: (g.start, g.gi_id)))
+
+    def destroy_gpu_instance(self, gpu_uuid: str, gi_id: int) -> None:
+        """Destroy GPU instance `gi_id` with its compute instances; one already gone is no error. The
+        caller has made sure by what NVML says of it that it is the one to destroy."""
         with self._session:
             handle, _ = self._gpu(gpu_uuid)
             try:
@@ -122,13 +175,8 @@ class MigControl:
                     return
                 raise self._error(gpu_uuid, f"find GPU instance {gi_id}", e) from None
             try:
-                ci = pynvml.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id)
-                pynvml.nvmlComputeInstanceDestroy(ci)
-            except pynvml.NVMLError as e:
-                if e.value not in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
-                    raise self._error(gpu_uuid, f"destroy compute instance {ci_id} of GPU instance {gi_id}",
-                                      e) from None
-            try:
+                for ci in _compute_instances(gi):
+                    pynvml.nvmlComputeInstanceDestroy(ci)
                 pynvml.nvmlGpuInstanceDestroy(gi)
             except pynvml.NVMLError as e:
                 raise self._error(gpu_uuid, f"destroy GPU instance {gi_id}", e) from None
@@ -155,16 +203,6 @@ class MigControl:
                 return int(info.id)
         raise MigControlError(f"NVML offers no compute-instance profile of {slices} slices for GPU-instance "
                               f"profile {gi_profile_id}; the driver may need an update")
-
-    @staticmethod
-    def _undo(gi: Any) -> None:
-        """Destroy a GPU instance made in a create that failed, with whatever compute instance it has."""
-        try:
-            for ci in _compute_instances(gi):
-                pynvml.nvmlComputeInstanceDestroy(ci)
-            pynvml.nvmlGpuInstanceDestroy(gi)
-        except pynvml.NVMLError:
-            pass  # the create's own error is the one reported; a live leftover shows as foreign
 
     @staticmethod
     def _error(gpu_uuid: str, what: str, e: pynvml.NVMLError) -> MigControlError:
@@ -204,6 +242,23 @@ def _compute_instances(gi: Any) -> list[Any]:
         count = ctypes.c_uint(0)
         try:
             pynvml.nvmlGpuInstanceGetComputeInstances(gi, profile, slots, ctypes.byref(count))
+        except pynvml.NVMLError:
+            continue
+        found += [slots[i] for i in range(count.value)]
+    return found
+
+
+def _gpu_instances(handle: Any) -> list[Any]:
+    found: list[Any] = []
+    for profile in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
+        except pynvml.NVMLError:
+            continue  # a profile this GPU does not offer
+        slots = (pynvml.c_nvmlGpuInstance_t * max(1, int(info.instanceCount)))()
+        count = ctypes.c_uint(0)
+        try:
+            pynvml.nvmlDeviceGetGpuInstances(handle, int(info.id), slots, ctypes.byref(count))
         except pynvml.NVMLError:
             continue
         found += [slots[i] for i in range(count.value)]

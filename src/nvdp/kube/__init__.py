@@ -3,7 +3,8 @@
 `connect` builds a client (in-cluster service account, else `KUBECONFIG`); `NodeWatcher` follows one
 Node's labels; `EventRecorder` records Events on it (`record_claim_event`: on a ResourceClaim);
 `patch_node_labels` sets or clears `nvidia.com/*` labels; `get_node_allocatable` and `list_node_pods`
-read what a node advertises and runs (the per-node mode switch, nvdp.mode). Everything above this
+read what a node advertises and runs (the per-node mode switch, nvdp.daemon.pernode.mode). Everything above
+this
 package sees plain dicts and strings, never client objects.
 """
 

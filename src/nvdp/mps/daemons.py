@@ -7,13 +7,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nvdp.config.model import Config
+from nvdp.daemon.report.recording import Recorder
 from nvdp.inventory.model import Inventory
 from nvdp.mps.commands import MpsSettings, mps_settings
 from nvdp.mps.compute_mode import ComputeModes
 from nvdp.mps.paths import ResourcePaths
 from nvdp.mps.supervisor import ResourceDaemon
 from nvdp.plan import Plan, plan
-from nvdp.recording import Recorder
 
 
 def mps_settings_for(resource_plan: Plan, inventory: Inventory) -> list[MpsSettings]:

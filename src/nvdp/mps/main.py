@@ -7,9 +7,11 @@ back to DEFAULT, readiness markers removed) and exits 0, or 1 if a compute mode 
 restored; SIGHUP reloads the config and starts over.
 
 With CONFIG_DIR it follows the same per-node choice as the plugin (node label, DEFAULT_CONFIG,
-FALLBACK_STRATEGIES; nvdp.nodeconfig): a node switched to an MPS entry gets its daemons started, one
+FALLBACK_STRATEGIES; nvdp.daemon.pernode.nodeconfig): a node switched to an MPS entry gets its daemons
+started, one
 switched away gets them stopped. Only a change of the chosen entry or its content restarts daemons.
-A node in DRA mode (nvdp.mode) gets no daemons here: the DRA plugin runs MPS for its claims itself; a
+A node in DRA mode (nvdp.daemon.pernode.mode) gets no daemons here: the DRA plugin runs MPS for its claims
+itself; a
 switch between the modes waits, as the plugins' does, until no pod uses the node's GPUs.
 
 `mps-control-daemon mount-shm` mounts the tmpfs MPS clients share as /dev/shm (the chart's init container);
@@ -29,13 +31,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nvdp import __version__
+from nvdp.daemon.pernode.nodeconfig import add_node_config_arguments, settings_from
+from nvdp.daemon.report.endpoints import HttpEndpoints, parse_address
 from nvdp.daemon.skeleton import Skeleton
-from nvdp.endpoints import HttpEndpoints, parse_address
 from nvdp.mps.host_setup import build_mount_parser, mount_shm, unmount_shm
 from nvdp.mps.paths import container_root
 from nvdp.mps.supervisor import DEFAULT_PROBE_INTERVAL_S
 from nvdp.mps.work import MpsDaemonWork
-from nvdp.nodeconfig import add_node_config_arguments, settings_from
 
 PROG = "mps-control-daemon"
 PROBE_INTERVAL_ENV = "MPS_PROBE_INTERVAL"
@@ -73,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 def serve_metrics(skeleton: Skeleton, address: str | None) -> list[HttpEndpoints]:
     """The daemon's series at /metrics, recorded by the skeleton's Recorder (no probes). Should the
     server's thread end, the daemon ends through its run loop (its pod restarts), saying why."""
-    from nvdp.daemon.observe import scrape, serve
+    from nvdp.daemon.report.observe import scrape, serve
 
     def died(what: str) -> None:
         log.critical("%s stopped unexpectedly; the MPS daemon ends so that its pod restarts", what)
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from nvdp.daemon.logs import setup_logging
+    from nvdp.daemon.report.logs import setup_logging
 
     setup_logging(log.name, keep_handlers=True)
     arguments = list(sys.argv[1:] if argv is None else argv)

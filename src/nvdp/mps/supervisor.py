@@ -20,13 +20,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from nvdp.daemon.report.recording import Recorder
 from nvdp.mps import control
 from nvdp.mps.commands import MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes
 from nvdp.mps.logtail import LogTail, max_bytes_from_env
 from nvdp.mps.paths import ResourcePaths, unusable_root, unusable_root_message
 from nvdp.mps.status import REFRESH_S, State, write_status
-from nvdp.recording import Recorder
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0

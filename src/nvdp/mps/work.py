@@ -1,6 +1,7 @@
 """The MPS control daemon's own work on the daemon skeleton: the chosen config's daemons, in force.
 
-`switch` (the per-node rule's, nvdp.nodechoice) loads the config, checks the mode switch, plans the
+`switch` (the per-node rule's, nvdp.daemon.pernode.nodechoice) loads the config, checks the mode switch,
+plans the
 MPS resources and restarts the daemons when the entry or its content changed; `finish` is the final
 stop (compute modes back to DEFAULT, host state cleaned up).
 """
@@ -16,17 +17,17 @@ from typing import TYPE_CHECKING
 
 from nvdp.daemon.api import PODS_UNREADABLE
 from nvdp.daemon.errors import CannotGoOn
+from nvdp.daemon.pernode.mode import ModeGate, driver_name, follower_mode
+from nvdp.daemon.pernode.nodeconfig import Chosen, NodeConfigSettings
 from nvdp.daemon.skeleton import DaemonWork, Skeleton
-from nvdp.mode import ModeGate, driver_name, follower_mode
 from nvdp.mps.commands import MpsConfigError, MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeModes
 from nvdp.mps.daemons import Daemons, plan_mps
 from nvdp.mps.host_setup import clean_up
 from nvdp.mps.paths import ResourcePaths, unusable_root, unusable_root_message
-from nvdp.nodeconfig import Chosen, NodeConfigSettings
 
 if TYPE_CHECKING:
-    from nvdp.mode import NodeApi
+    from nvdp.daemon.pernode.mode import NodeApi
 
 
 def load_settings(
@@ -84,9 +85,10 @@ class CannotStart(CannotGoOn):
 
 
 class MpsDaemonWork(DaemonWork):
-    """Puts the chosen config's daemons in force (the `switch` of nvdp.nodechoice) and stops them.
+    """Puts the chosen config's daemons in force (the `switch` of nvdp.daemon.pernode.nodechoice) and stops
+    them.
 
-    The node's mode: the plugins record its Events, this daemon only logs (nvdp.mode).
+    The node's mode: the plugins record its Events, this daemon only logs (nvdp.daemon.pernode.mode).
     """
 
     def __init__(self, skeleton: Skeleton, args: argparse.Namespace, root: Path, probe_interval: float,
@@ -108,7 +110,7 @@ class MpsDaemonWork(DaemonWork):
                                           unreachable=PODS_UNREADABLE)
 
     def switch(self, chosen: Chosen | None) -> None:
-        from nvdp.nodechoice import ConfigRefused
+        from nvdp.daemon.pernode.nodechoice import ConfigRefused
 
         log = self.log
         if chosen is not None:
@@ -139,7 +141,7 @@ class MpsDaemonWork(DaemonWork):
 
     def start_failed(self, err: Exception) -> int | None:
         from nvdp.config.select import SelectionError
-        from nvdp.nodechoice import ConfigRefused
+        from nvdp.daemon.pernode.nodechoice import ConfigRefused
 
         if not isinstance(err, (ConfigRefused, SelectionError)):
             raise err

@@ -153,7 +153,7 @@ def allocate_base(config: Config, inventory: Inventory) -> BaseAllocation:
         if not gpu.mig_enabled:
             _add_full_gpu(out, gpu, gpu_patterns)
         elif strategy == "dynamic":
-            # The DRA plugin makes MIG devices when claims are prepared (nvdp.dra.partitions): the
+            # The DRA plugin makes MIG devices when claims are prepared (nvdp.dra.pool.partitions): the
             # plan names no device of a MIG-capable GPU ahead of them.
             continue
         elif not gpu.mig_devices:

@@ -11,9 +11,9 @@ import logging
 import os
 
 from nvdp.daemon.grpc_import import grpc
+from nvdp.daemon.report.recording import Recorder
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 from nvdp.plugin.wire import pb_grpc, register_request
-from nvdp.recording import Recorder
 
 _HINT = (
     "check that the kubelet runs and that flags.plugin.kubeletSocket / devicePluginPath point at its "

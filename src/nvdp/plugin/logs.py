@@ -1,5 +1,5 @@
 """The plugin's log lines that tell an operator what was found and what is served (the format:
-nvdp.daemon.logs)."""
+nvdp.daemon.report.logs)."""
 
 from __future__ import annotations
 

@@ -4,12 +4,14 @@ Exit status: 0 after SIGTERM/SIGINT/SIGQUIT; 1 when the plugin cannot start (inv
 missing with failOnInitError, a config that cannot be applied to this node's GPUs, CDI specs that
 cannot be made or written), with the cause and the fix in the log; 2 for command-line usage errors.
 
-SIGHUP, and with --config-dir a change of this node's entry (nvdp.nodechoice), reloads the config,
+SIGHUP, and with --config-dir a change of this node's entry (nvdp.daemon.pernode.nodechoice), reloads the
+config,
 re-reads the GPUs and re-plans: unchanged resources keep their servers, an invalid config is reported
 and the previous one stays. GPUs that are down stay down across a re-plan, and across a restart when
 the config names a healthStateDir (nvdp.health); each comes back by the health rules.
 
-In DRA mode (nvdp.mode: the entry's flags.mode, else NVDP_DEFAULT_MODE) the plugin serves nothing: its
+In DRA mode (nvdp.daemon.pernode.mode: the entry's flags.mode, else NVDP_DEFAULT_MODE) the plugin serves
+nothing: its
 servers stop, so the kubelet marks the resources unhealthy. Entering device-plugin mode beside a DRA
 plugin (DRA_DRIVER_NAME set), it advertises only once the DRA plugin's ResourceSlices for the node
 are gone; a switch while GPU pods run waits for them (ModeSwitchRefused).
@@ -29,8 +31,8 @@ NAME = "nvidia-device-plugin"
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     from nvdp.config.flags import add_config_arguments
-    from nvdp.daemon import observe
-    from nvdp.nodeconfig import add_node_config_arguments
+    from nvdp.daemon.pernode.nodeconfig import add_node_config_arguments
+    from nvdp.daemon.report import observe
 
     parser = argparse.ArgumentParser(
         prog=NAME,
@@ -44,10 +46,10 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from nvdp.daemon import observe
-    from nvdp.daemon.logs import setup_logging
+    from nvdp.daemon.pernode.nodeconfig import settings_from
+    from nvdp.daemon.report import observe
+    from nvdp.daemon.report.logs import setup_logging
     from nvdp.daemon.skeleton import Events, Skeleton
-    from nvdp.nodeconfig import settings_from
     from nvdp.plugin import observe as endpoints
     from nvdp.plugin.state import ServingView
     from nvdp.plugin.work import DevicePluginWork

@@ -23,7 +23,8 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from nvdp.config.model import Config
-from nvdp.daemon.probes import ResourceStatus
+from nvdp.daemon.report.probes import ResourceStatus
+from nvdp.daemon.report.recording import Recorder
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan, PlannedResource
 from nvdp.plugin.resource import (
@@ -35,7 +36,6 @@ from nvdp.plugin.resource import (
     default_gate_factory,
     default_server_factory,
 )
-from nvdp.recording import Recorder
 from nvdp.text import short_list
 
 __all__ = ["GateFactory", "PlanDiff", "PluginManager", "ReadinessGate", "ResourceServerLike",

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from nvdp.config.names import node_name
 from nvdp.daemon.guard import guarded_loop, guarded_thread
+from nvdp.daemon.report.recording import Recorder
 from nvdp.mps import control
 from nvdp.mps.paths import HOST_ROOT_ENV, ResourcePaths, container_root, unusable_root, unusable_root_message
 from nvdp.mps.status import DaemonStatus, read_status
-from nvdp.recording import Recorder
 
 MPS_CAPABLE_LABEL = "nvidia.com/mps.capable=true"
 WAIT_LOG_INTERVAL_ENV = "MPS_WAIT_LOG_INTERVAL"

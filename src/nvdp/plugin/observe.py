@@ -1,6 +1,6 @@
 """The plugin's HTTP endpoints: /metrics (with --metrics-address), /healthz and /readyz.
 
-`--metrics-address` (the flags: nvdp.daemon.observe) serves all three; `--health-address` only the
+`--metrics-address` (the flags: nvdp.daemon.report.observe) serves all three; `--health-address` only the
 probes (no prometheus-client import at all). Given the same address, one server answers both.
 """
 
@@ -12,12 +12,12 @@ import os
 import time
 from collections.abc import Callable
 
-from nvdp.daemon.observe import scrape, serve
-from nvdp.daemon.probes import Check, liveness, readiness
-from nvdp.endpoints import HttpEndpoints, Response, Route
+from nvdp.daemon.report.endpoints import HttpEndpoints, Response, Route
+from nvdp.daemon.report.observe import scrape, serve
+from nvdp.daemon.report.probes import Check, liveness, readiness
+from nvdp.daemon.report.recording import Recorder
 from nvdp.plugin.grpc_client import server_answers
 from nvdp.plugin.state import PluginState
-from nvdp.recording import Recorder
 
 # Each liveness check is bounded, so a stuck plugin answers the probe (not live) instead of timing out
 # (the server call: grpc_client.server_answers' timeout).

@@ -32,7 +32,7 @@ class Prepared(Struct, frozen=True):
     inventory: Inventory
     plan: Plan
     cdi: SpecSet | None = None  # the CDI specs to write; None without a CDI strategy
-    mode: Mode = "device-plugin"  # the node's mode under `config` (nvdp.mode)
+    mode: Mode = "device-plugin"  # the node's mode under `config` (nvdp.daemon.pernode.mode)
     # Why nothing is advertised, when nothing is on purpose: the node is in DRA mode, or the device
     # plugin waits for the DRA plugin to let go of the GPUs. None: the plan is served.
     idle: str | None = None

@@ -29,9 +29,9 @@ from msgspec.structs import replace
 from nvdp.config.model import Config
 from nvdp.daemon.guard import guarded_thread
 from nvdp.daemon.owned_socket import SocketState
+from nvdp.daemon.report.recording import Recorder
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
-from nvdp.recording import Recorder
 
 
 class ResourceServerLike(Protocol):

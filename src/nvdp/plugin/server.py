@@ -16,13 +16,13 @@ from concurrent import futures
 from nvdp.config.model import Config
 from nvdp.daemon.grpc_import import grpc
 from nvdp.daemon.owned_socket import OwnedSocket, ServerStartError, SocketState, accepts
+from nvdp.daemon.report.recording import Recorder
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
 from nvdp.plugin import grpc_client
 from nvdp.plugin.allocate import MIG_MINORS_FILE
 from nvdp.plugin.servicer import DevicePluginServicer
 from nvdp.plugin.wire import pb_grpc
-from nvdp.recording import Recorder
 
 _WORKERS = 8
 # Calls beyond this (running and queued) are refused at once instead of queueing without bound.

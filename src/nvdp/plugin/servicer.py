@@ -22,6 +22,7 @@ from msgspec import Struct
 
 from nvdp.config.model import Config
 from nvdp.daemon.grpc_import import grpc
+from nvdp.daemon.report.recording import Recorder
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import PlannedResource
 from nvdp.plugin.allocate import (
@@ -35,7 +36,6 @@ from nvdp.plugin.allocate import (
 from nvdp.plugin.api import deviceplugin_pb2 as pb
 from nvdp.plugin.preferred import PreferredAllocator
 from nvdp.plugin.wire import allocation_message, device_message, plugin_options
-from nvdp.recording import Recorder
 
 # Each ListAndWatch stream holds a worker for its whole life. The kubelet keeps one per plugin (two
 # for a moment around a re-registration); more are refused, so Allocate always finds free workers.

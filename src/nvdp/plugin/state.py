@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from msgspec.structs import replace
 
-from nvdp.daemon.probes import ResourceStatus
+from nvdp.daemon.report.probes import ResourceStatus
 
 if TYPE_CHECKING:
     from nvdp.plugin.manager import PluginManager

@@ -1,6 +1,7 @@
 """The device plugin's own work on the daemon skeleton: prepare a config, serve it, re-plan it.
 
-`switch` (the per-node rule's, nvdp.nodechoice) prepares the config, the GPUs, the plan and the CDI
+`switch` (the per-node rule's, nvdp.daemon.pernode.nodechoice) prepares the config, the GPUs, the plan and
+the CDI
 specs (nvdp.plugin.prepare), then serves them (the first time: a PluginManager, the kubelet watcher
 and the health monitor) or applies them to what runs (a re-plan: unchanged resources keep their
 servers). A config that cannot be applied is refused and the previous one keeps serving.
@@ -19,18 +20,18 @@ from typing import TYPE_CHECKING
 from nvdp.config.model import Mode
 from nvdp.daemon.handover import ModeHandover
 from nvdp.daemon.healthwatch import HealthWatch
+from nvdp.daemon.runloop import EXIT_FAILED, Wakes
 from nvdp.daemon.skeleton import DaemonWork, Skeleton
 from nvdp.plugin.cdi_specs import CdiSpecs, classes, spec_dir
 from nvdp.plugin.heap import settle_heap
 from nvdp.plugin.logs import log_inventory, log_plan
 from nvdp.plugin.prepare import NvmlMissing, Prepared, StartupError, idle, load_config, prepare
-from nvdp.runloop import EXIT_FAILED, Wakes
 
 if TYPE_CHECKING:
     from nvdp.config.model import Config
+    from nvdp.daemon.pernode.mode import ModeGate, NodeApi
+    from nvdp.daemon.pernode.nodeconfig import Chosen
     from nvdp.health.ledger import Change
-    from nvdp.mode import ModeGate, NodeApi
-    from nvdp.nodeconfig import Chosen
     from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
     from nvdp.plugin.manager import PluginManager
 
@@ -63,12 +64,13 @@ class DevicePluginWork(DaemonWork):
         self._why = "Received SIGHUP"
         self._first = True  # the start's switch: a failure is the start's, not a refused reload
 
-    # --- putting a config in force (the `switch` of nvdp.nodechoice) ----------------------------
+    # --- putting a config in force (the `switch` of nvdp.daemon.pernode.nodechoice)
+    # ----------------------------
 
     def prepare(self, chosen: Chosen | None) -> Prepared:
         """Config, mode, GPUs, plan and CDI specs; raises StartupError / NvmlMissing, or the mode gate's
         ConfigRefused (a mode switch that may not happen now), changing nothing."""
-        from nvdp.mode import follower_mode
+        from nvdp.daemon.pernode.mode import follower_mode
 
         path = chosen.path if chosen is not None else None
         config = load_config(self.args, self.env, path, per_node=self.skeleton.node_config is not None)
@@ -87,7 +89,7 @@ class DevicePluginWork(DaemonWork):
 
     def start_with(self, chosen: Chosen | None) -> None:
         """The first config: serve it, or raise ConfigRefused (invalid) / NvmlMissing as they are."""
-        from nvdp.nodechoice import ConfigRefused
+        from nvdp.daemon.pernode.nodechoice import ConfigRefused
 
         try:
             prepared = self.prepare(chosen)
@@ -99,7 +101,7 @@ class DevicePluginWork(DaemonWork):
 
     def reload(self, chosen: Chosen | None) -> None:
         """Re-plan from a fresh config and GPU list; on any error raise ConfigRefused, serving as before."""
-        from nvdp.nodechoice import ConfigRefused
+        from nvdp.daemon.pernode.nodechoice import ConfigRefused
 
         notify = self.skeleton.node_config is None  # per-node config reports InvalidConfig with the entry
         why = f"{self._why}; config {chosen.describe()}" if chosen is not None else self._why
@@ -227,7 +229,8 @@ class DevicePluginWork(DaemonWork):
 
         self.health.start(prepared.config, prepared.inventory, on_health)
 
-    # --- the node's mode (nvdp.mode) -------------------------------------------------------------
+    # --- the node's mode (nvdp.daemon.pernode.mode)
+    # -------------------------------------------------------------
 
     def gate(self) -> ModeGate:
         gate = self.skeleton.gate
@@ -244,7 +247,7 @@ class DevicePluginWork(DaemonWork):
         """The API reads of the mode policy: with per-node config, or beside a DRA plugin (whose slices
         it waits for); None without a node name or API access."""
         from nvdp.config.names import node_name
-        from nvdp.mode import driver_name
+        from nvdp.daemon.pernode.mode import driver_name
 
         driver, node = driver_name(self.env), node_name(self.env)
         if not node or (self.skeleton.node_config is None and driver is None):
@@ -263,7 +266,7 @@ class DevicePluginWork(DaemonWork):
 
     def start_failed(self, err: Exception) -> int | None:
         from nvdp.config.select import SelectionError
-        from nvdp.nodechoice import ConfigRefused
+        from nvdp.daemon.pernode.nodechoice import ConfigRefused
 
         self._first = False
         if isinstance(err, (StartupError, ConfigRefused, SelectionError)):
@@ -292,7 +295,7 @@ class DevicePluginWork(DaemonWork):
 
     def wake_after(self) -> float | None:
         """While waiting for the DRA plugin, look again soon."""
-        from nvdp.mode import HANDOVER_POLL_S
+        from nvdp.daemon.pernode.mode import HANDOVER_POLL_S
 
         return HANDOVER_POLL_S if self.mode is not None and self.mode.waiting else None
 

@@ -1,0 +1,1 @@
+"""What a daemon reports: metrics, Node Events, logs, and its HTTP probe endpoints."""
