@@ -7,11 +7,13 @@
         node.pending_remap(uuid)                                # what a health re-check reads
         node.reset_gpu(uuid)                                    # as after a GPU reset: all of it cleared
         mig = node.mig_create(gpu_uuid, 9, 4)                   # nvidia-smi mig -cgi 9 -C, through NVML
+        node.kill_after(2, pid)                                 # SIGKILL after pid's 2nd NVML change
 
 Run-time state lives in the state directory so that other processes (the plugin, the MPS daemon, a CLI)
 see the same node: `lost/<uuid>` and `unanswering/<uuid>` markers, `compute-mode/<uuid>`, the memory
-health files (README.md), the append-only `events` file, and the MIG layouts `mig/<uuid>` and modes
-`mig-mode/<uuid>`. The library reads them at every call.
+health files (README.md), the append-only `events` file, the MIG layouts `mig/<uuid>` and modes
+`mig-mode/<uuid>`, and the fault points `fault/kill-after`, `fault/fail-after`. The library reads them at
+every call.
 """
 
 from __future__ import annotations
@@ -249,6 +251,37 @@ def write_mig_mode(state_dir: Path, uuid: str, on: bool) -> None:
     _write_atomic(state_dir / "mig-mode" / uuid, "1\n" if on else "0\n")
 
 
+# Fault points for crash tests (README.md, "Fault points"): the NVML calls that change a GPU's state are
+# counted per process; fault/kill-after kills the process after the N-th that succeeded, fault/fail-after
+# makes the N-th that is called return an NVML error instead.
+FAULT_DIR = "fault"
+
+
+def kill_after(state_dir: Path, n: int, pid: int | None = None) -> None:
+    """SIGKILL a process right after its `n`-th NVML call that changed a GPU's state and succeeded (its
+    state written); only process `pid` when given, else every process of the node, each counting its own
+    calls. Counted from each process's first changing call after this (re-)arming."""
+    if n < 1 or (pid is not None and pid < 1):
+        raise ValueError(f"kill_after needs n >= 1 and a positive pid, not n={n} pid={pid}")
+    _write_atomic(state_dir / FAULT_DIR / "kill-after", f"{n}\n" if pid is None else f"{n} {pid}\n")
+
+
+def fail_after(state_dir: Path, n: int, code: int, pid: int | None = None) -> None:
+    """Make a process's `n`-th NVML call that would change a GPU's state (counted whether it succeeds or
+    not) return NVML return code `code` without changing anything; the calls after it run as usual."""
+    if n < 1 or code < 1 or (pid is not None and pid < 1):
+        raise ValueError(f"fail_after needs n >= 1, an NVML error code >= 1 and a positive pid, "
+                         f"not n={n} code={code} pid={pid}")
+    text = f"{n} {code}\n" if pid is None else f"{n} {code} {pid}\n"
+    _write_atomic(state_dir / FAULT_DIR / "fail-after", text)
+
+
+def clear_faults(state_dir: Path) -> None:
+    """Disarm kill_after and fail_after."""
+    for name in ("kill-after", "fail-after"):
+        (state_dir / FAULT_DIR / name).unlink(missing_ok=True)
+
+
 def read_compute_mode(state_dir: Path, uuid: str, default: str = "DEFAULT") -> str:
     try:
         return (state_dir / "compute-mode" / uuid).read_text().strip() or default
@@ -416,6 +449,31 @@ class NodeSim:
         self._mig_gpu(gpu_uuid)
         found: list[dict[str, Any]] = self._mig("list", "--uuid", gpu_uuid)
         return found
+
+    def gpu_instances(self, gpu_uuid: str) -> list[dict[str, Any]]:
+        """Every GPU instance of the GPU, also one a crash left without a compute instance, as NVML lists
+        them (nvmlDeviceGetGpuInstances per GI profile): dicts of gi_id, gi_profile_id, profile, start,
+        size, ci_ids (the ids of its compute instances; [] for none), by GI id. [] with MIG mode off."""
+        self._mig_gpu(gpu_uuid)
+        found: list[dict[str, Any]] = self._mig("gis", "--uuid", gpu_uuid)
+        return found
+
+    # Fault points for crash tests (kill_after above): armed through the state directory, so they reach
+    # processes already running and the processes they start.
+
+    def kill_after(self, n: int, pid: int | None = None) -> None:
+        """SIGKILL a process right after its `n`-th successful NVML call that changed a GPU's state
+        (creating or destroying a GPU or compute instance, setting MIG or compute mode); only `pid` when
+        given. Arming it again restarts the count."""
+        kill_after(self.state_dir, n, pid)
+
+    def fail_after(self, n: int, code: int, pid: int | None = None) -> None:
+        """The `n`-th NVML call of a process that would change a GPU's state returns `code` and changes
+        nothing (calls are counted whether they succeed or not); only `pid`'s when given."""
+        fail_after(self.state_dir, n, code, pid)
+
+    def clear_faults(self) -> None:
+        clear_faults(self.state_dir)
 
     def set_mig_mode(self, gpu_uuid: str, on: bool) -> None:
         """An admin's `nvidia-smi -mig 1|0` and GPU reset (stand-in only): refused while instances exist."""

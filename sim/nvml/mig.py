@@ -1,8 +1,8 @@
 """MIG instances made and destroyed through NVML, as `nvidia-smi mig -cgi ... -C` / `-dci` / `-dgi` do it.
 
 Runs in a process whose NVML is the stand-in (`NodeSim.env`), so every change goes through the library's
-own rules and state files, exactly as a plugin's would: `python -m sim.nvml.mig create|destroy|list ...`
-prints JSON; `NodeSim.mig_create`, `mig_destroy` and `mig_instances` start it.
+own rules and state files, exactly as a plugin's would: `python -m sim.nvml.mig create|destroy|list|gis ...`
+prints JSON; `NodeSim.mig_create`, `mig_destroy`, `mig_instances` and `gpu_instances` start it.
 """
 
 from __future__ import annotations
@@ -90,6 +90,34 @@ def instances(gpu_uuid: str) -> list[dict[str, Any]]:
     return found
 
 
+def gpu_instances(gpu_uuid: str) -> list[dict[str, Any]]:
+    """Every GPU instance of the GPU, with or without compute instances, found as a plugin finds what a
+    crash left behind: nvmlDeviceGetGpuInstances per GI profile, nvmlGpuInstanceGetInfo, and
+    nvmlGpuInstanceGetComputeInstances per CI profile. Sorted by GI id."""
+    handle = n.nvmlDeviceGetHandleByUUID(gpu_uuid)
+    if not n.nvmlDeviceGetMigMode(handle)[0]:
+        return []
+    found: list[dict[str, Any]] = []
+    for profile in _gi_profiles(handle):
+        gis = (n.c_nvmlGpuInstance_t * max(profile.instanceCount, 1))()
+        count = ctypes.c_uint(0)
+        n.nvmlDeviceGetGpuInstances(handle, profile.id, gis, ctypes.byref(count))
+        for k in range(count.value):
+            info = n.nvmlGpuInstanceGetInfo(gis[k])
+            ci_ids: list[int] = []
+            for ci_profile in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+                cis = (n.c_nvmlComputeInstance_t * 8)()
+                ci_count = ctypes.c_uint(0)
+                n.nvmlGpuInstanceGetComputeInstances(gis[k], ci_profile, cis, ctypes.byref(ci_count))
+                ci_ids += [int(n.nvmlComputeInstanceGetInfo(cis[c]).id) for c in range(ci_count.value)]
+            found.append({
+                "gi_id": int(info.id), "gi_profile_id": int(info.profileId),
+                "profile": _text(profile.name).removeprefix("MIG "), "start": int(info.placement.start),
+                "size": int(info.placement.size), "ci_ids": sorted(ci_ids),
+            })  # fmt: skip
+    return sorted(found, key=lambda entry: int(entry["gi_id"]))
+
+
 def create(gpu_uuid: str, gi_profile_id: int, start: int) -> str:
     """A GPU instance of the profile at `start` plus one compute instance spanning it; its MIG UUID."""
     handle = n.nvmlDeviceGetHandleByUUID(gpu_uuid)
@@ -127,7 +155,7 @@ def destroy(gpu_uuid: str, gi_id: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.nvml.mig", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("create", "destroy", "list"):
+    for name in ("create", "destroy", "list", "gis"):
         command = sub.add_parser(name)
         command.add_argument("--uuid", required=True)
         if name == "create":
@@ -143,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "destroy":
             destroy(args.uuid, args.gi_id)
             result = None
+        elif args.command == "gis":
+            result = gpu_instances(args.uuid)
         else:
             result = instances(args.uuid)
     except n.NVMLError as e:

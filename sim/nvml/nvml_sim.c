@@ -10,9 +10,13 @@
  *                       call: lost/<uuid> and unanswering/<uuid> markers, compute-mode/<uuid>, the health
  *                       files (retired-pending/, remap-pending/, remap-failed/, ecc-volatile/, ecc-aggregate/,
  *                       recovery-action/), the append-only `events` file ("<uuid> <xid>" per line), MIG
- *                       layouts mig/<uuid> (under the flock of mig/.lock) and MIG modes mig-mode/<uuid>.
+ *                       layouts mig/<uuid> (under the flock of mig/.lock), MIG modes mig-mode/<uuid>, and
+ *                       the fault points fault/kill-after, fault/fail-after.
  *   NVML_SIM_FAIL_INIT  make nvmlInit fail: driver_not_loaded, lib_rm_version_mismatch, no_permission,
  *                       unknown, or a numeric NVML return code; `hang`: nvmlInit never returns (a hung driver).
+ *   NVML_SIM_KILL_AFTER N: the process kills itself (SIGKILL) right after its N-th successful call that
+ *                       changes a GPU's state (fault points below; also fault/kill-after, fault/fail-after
+ *                       in the state dir).
  *   NVML_SIM_PYTHON     interpreter used for YAML profiles (default python3).
  */
 #define _GNU_SOURCE
@@ -23,6 +27,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -857,6 +862,124 @@ static int write_compute_mode(int i, int mode) {
     }
     return 0;
 }
+
+/* ---------------------------------------------------------------- fault points
+ *
+ * For crash tests, the calls that change a GPU's state (nvmlDeviceCreateGpuInstance(WithPlacement),
+ * nvmlGpuInstanceCreateComputeInstance, nvmlComputeInstanceDestroy, nvmlGpuInstanceDestroy,
+ * nvmlDeviceSetMigMode, nvmlDeviceSetComputeMode) are counted per process (sim/nvml/README.md):
+ *   fault/kill-after  "N [PID]"       SIGKILL right after the N-th of them that returned NVML_SUCCESS, once
+ *                                    its state file is renamed into place;
+ *   fault/fail-after  "N CODE [PID]"  the N-th of them that is called (whatever it would have answered)
+ *                                    returns CODE at once and changes nothing; the calls after it run;
+ *   NVML_SIM_KILL_AFTER=N             as kill-after, for this process and the ones it starts.
+ * Each is read at every such call. A process counts from the first call that sees the current arming (the
+ * file's inode, mtime and text; the variable's text), so a file written anew (renamed into place) re-arms
+ * it, for processes started before too; a forked child counts afresh. With a PID only that process counts;
+ * without one every process of the node counts on its own. */
+
+typedef struct {
+    pid_t pid;                /* the process that counted: a forked child starts afresh */
+    char key[192];            /* the arming counted against; empty: none seen */
+    unsigned long long count;
+} fault_counter;
+
+static pthread_mutex_t fault_lock = PTHREAD_MUTEX_INITIALIZER;
+static fault_counter kill_file_counter, kill_env_counter, fail_file_counter;
+
+/* Counts one call against `c` if `key` (the arming now) is the one it counted against, else starts anew
+ * at 1; returns the call's number. Caller holds fault_lock. */
+static unsigned long long fault_count(fault_counter *c, const char *key) {
+    pid_t self = getpid();
+    if (c->pid != self || strcmp(c->key, key) != 0) {
+        c->pid = self;
+        snprintf(c->key, sizeof c->key, "%s", key);
+        c->count = 0;
+    }
+    return ++c->count;
+}
+
+/* The text of fault/<name> and a key naming this arming of it; -1 without the file (or a state dir). */
+static int fault_file(const char *name, char *text, size_t len, char *key, size_t key_len) {
+    char path[1200];
+    struct stat st;
+    if (state_path(path, sizeof path, "fault", name) < 0) return -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t r = fstat(fd, &st) == 0 ? read(fd, text, len - 1) : -1;
+    close(fd);
+    if (r < 0) return -1;
+    text[r] = '\0';
+    snprintf(key, key_len, "%llu %llu %lld.%09ld %s", (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+             (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec, text);
+    return 0;
+}
+
+static void fault_note(const char *fmt, ...) {
+    char line[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n > 0) {
+        ssize_t w = write(STDERR_FILENO, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+        (void)w;
+    }
+}
+
+/* At the start of a changing call: NVML_SUCCESS to go on, or the code fault/fail-after makes it return. */
+static nvmlReturn_t fault_before(const char *call) {
+    char text[64], key[192];
+    if (fault_file("fail-after", text, sizeof text, key, sizeof key) < 0) return NVML_SUCCESS;
+    unsigned long long n = 0;
+    int code = 0, pid = 0;
+    int fields = sscanf(text, "%llu %d %d", &n, &code, &pid);
+    if (fields < 2 || n == 0 || code <= 0 || (fields == 3 && pid != (int)getpid())) return NVML_SUCCESS;
+    pthread_mutex_lock(&fault_lock);
+    int hit = fault_count(&fail_file_counter, key) == n;
+    pthread_mutex_unlock(&fault_lock);
+    if (!hit) return NVML_SUCCESS;
+    fault_note("nvml-sim: fault/fail-after: call %llu (%s) of process %d returns %d\n", n, call, (int)getpid(),
+               code);
+    return (nvmlReturn_t)code;
+}
+
+static void fault_kill(const char *why, unsigned long long n, const char *call) {
+    fault_note("nvml-sim: %s: killing process %d after call %llu (%s)\n", why, (int)getpid(), n, call);
+    kill(getpid(), SIGKILL);
+    for (;;) pause();
+}
+
+/* At the end of a changing call that answered `r`: a success counts, and may be the one to die after. */
+static nvmlReturn_t fault_after(const char *call, nvmlReturn_t r) {
+    if (r != NVML_SUCCESS) return r;
+    char text[64], key[192];
+    unsigned long long n = 0;
+    int pid = 0;
+    if (fault_file("kill-after", text, sizeof text, key, sizeof key) == 0) {
+        int fields = sscanf(text, "%llu %d", &n, &pid);
+        if (fields >= 1 && n > 0 && (fields == 1 || pid == (int)getpid())) {
+            pthread_mutex_lock(&fault_lock);
+            if (fault_count(&kill_file_counter, key) == n) fault_kill("fault/kill-after", n, call);
+            pthread_mutex_unlock(&fault_lock);
+        }
+    }
+    const char *env = getenv("NVML_SIM_KILL_AFTER");
+    if (env && sscanf(env, "%llu", &n) == 1 && n > 0) {
+        snprintf(key, sizeof key, "%s", env);
+        pthread_mutex_lock(&fault_lock);
+        if (fault_count(&kill_env_counter, key) == n) fault_kill("NVML_SIM_KILL_AFTER", n, call);
+        pthread_mutex_unlock(&fault_lock);
+    }
+    return r;
+}
+
+/* The body of an exported changing call: `body` runs unless fault/fail-after stops it, then counts. */
+#define FAULT_POINT(body)                                       \
+    do {                                                        \
+        nvmlReturn_t fault_ = fault_before(__func__);           \
+        return fault_ ? fault_ : fault_after(__func__, (body)); \
+    } while (0)
 
 /* ---------------------------------------------------------------- MIG layout state
  *
@@ -1790,17 +1913,17 @@ static nvmlReturn_t create_gi(nvmlDevice_t d, unsigned profile_id, const nvmlGpu
 }
 
 EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t d, unsigned int profile_id, nvmlGpuInstance_t *gi) {
-    return create_gi(d, profile_id, NULL, gi);
+    FAULT_POINT(create_gi(d, profile_id, NULL, gi));
 }
 
 EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t d, unsigned int profile_id,
                                                              const nvmlGpuInstancePlacement_t *placement,
                                                              nvmlGpuInstance_t *gi) {
-    if (!placement) return initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED;
-    return create_gi(d, profile_id, placement, gi);
+    FAULT_POINT(placement ? create_gi(d, profile_id, placement, gi)
+                          : initialized() ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_UNINITIALIZED);
 }
 
-EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) {
+static nvmlReturn_t destroy_gi(nvmlGpuInstance_t gi) {
     nvmlReturn_t r = check_gi(gi);
     if (r) return r;
     int fd = layout_lock();
@@ -1825,6 +1948,8 @@ EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) {
     layout_unlock(fd);
     return r;
 }
+
+EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gi) { FAULT_POINT(destroy_gi(gi)); }
 
 /* Instances need MIG mode on; a MIG handle is not a GPU. */
 static nvmlReturn_t check_mig_on(nvmlDevice_t d) {
@@ -1971,8 +2096,7 @@ static void make_mig_uuid(char *dst, size_t len, const char *gpu_uuid, unsigned 
              (a & 0x0fff) | 0x5000, ((b >> 48) & 0x3fff) | 0x8000, b & 0xffffffffffffULL);
 }
 
-EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gi, unsigned int profile,
-                                                         nvmlComputeInstance_t *out) {
+static nvmlReturn_t create_ci(nvmlGpuInstance_t gi, unsigned int profile, nvmlComputeInstance_t *out) {
     nvmlReturn_t r = check_gi(gi);
     if (r) return r;
     sim_gpu *gp = &g.gpus[gi->gpu];
@@ -2027,7 +2151,12 @@ EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gi, u
     return r;
 }
 
-EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ci) {
+EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gi, unsigned int profile,
+                                                         nvmlComputeInstance_t *out) {
+    FAULT_POINT(create_ci(gi, profile, out));
+}
+
+static nvmlReturn_t destroy_ci(nvmlComputeInstance_t ci) {
     nvmlReturn_t r = check_ci(ci);
     if (r) return r;
     int fd = layout_lock();
@@ -2048,6 +2177,8 @@ EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ci) {
     layout_unlock(fd);
     return r;
 }
+
+EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t ci) { FAULT_POINT(destroy_ci(ci)); }
 
 EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceRemainingCapacity(nvmlGpuInstance_t gi, unsigned int profile,
                                                                        unsigned int *count) {
@@ -2218,7 +2349,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t d, int *mode) {
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t d, int mode) {
+static nvmlReturn_t set_compute_mode(nvmlDevice_t d, int mode) {
     nvmlReturn_t r = check(d, 1);
     if (r) return r;
     if (IS_MIG(d)) return NVML_ERROR_NOT_SUPPORTED;
@@ -2226,6 +2357,8 @@ EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t d, int mode) {
     if (mode == 1) return NVML_ERROR_NOT_SUPPORTED; /* EXCLUSIVE_THREAD was removed from NVML */
     return write_compute_mode(d->gpu, mode) == 0 ? NVML_SUCCESS : NVML_ERROR_NO_PERMISSION;
 }
+
+EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t d, int mode) { FAULT_POINT(set_compute_mode(d, mode)); }
 
 /* ---------------------------------------------------------------- memory health and recovery
  *
@@ -2497,7 +2630,7 @@ EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, 
 #define NVML_ERROR_RESET_REQUIRED_ 14
 #define ARCH_HOPPER 9
 
-EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t d, unsigned int mode, nvmlReturn_t *activationStatus) {
+static nvmlReturn_t set_mig_mode(nvmlDevice_t d, unsigned int mode, nvmlReturn_t *activationStatus) {
     nvmlReturn_t r = check(d, 1);
     if (r) return r;
     if (!activationStatus || mode > 1) return NVML_ERROR_INVALID_ARGUMENT;
@@ -2534,6 +2667,10 @@ EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t d, unsigned int mode, nvml
     }
     layout_unlock(fd);
     return r;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t d, unsigned int mode, nvmlReturn_t *activationStatus) {
+    FAULT_POINT(set_mig_mode(d, mode, activationStatus));
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, void *infos) {
