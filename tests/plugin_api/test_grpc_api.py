@@ -25,7 +25,7 @@ def test_committed_modules_match_the_protos(tmp_path: Path) -> None:
     for folder, protos in generate.APIS.items():
         for proto in protos:
             assert {f"{folder}/{name}" for name in generate.generated_names(proto)} <= names
-    assert "dra/api/dra_v1beta1_pb2_grpc.py" in names
+    assert "dra/kubelet/api/dra_v1beta1_pb2_grpc.py" in names
     for fresh in written:
         committed = generate.PACKAGE_DIR / fresh.relative_to(tmp_path)
         assert committed.exists(), f"{committed} is missing; run: python scripts/generate_api.py"
@@ -38,9 +38,9 @@ def test_committed_modules_match_the_protos(tmp_path: Path) -> None:
     ("folder", "module"),
     [
         ("plugin/api", "deviceplugin_pb2"),
-        ("dra/api", "dra_v1_pb2"),
-        ("dra/api", "dra_v1beta1_pb2"),
-        ("dra/api", "pluginregistration_v1_pb2"),
+        ("dra/kubelet/api", "dra_v1_pb2"),
+        ("dra/kubelet/api", "dra_v1beta1_pb2"),
+        ("dra/kubelet/api", "pluginregistration_v1_pb2"),
     ],
 )
 def test_grpc_module_imports_its_messages_relatively(folder: str, module: str) -> None:

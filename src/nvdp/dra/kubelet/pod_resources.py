@@ -1,0 +1,117 @@
+"""Which ResourceClaims the node's running containers hold, from the kubelet's pod-resources API (v1).
+
+The DRA plugin may release a prepared claim only once no running container on this node still holds
+it: the API server's view (the claim's `status.reservedFor`) can lag the node, and a claim released
+under a running container takes its devices away from it. The kubelet knows: its `PodResourcesLister`
+service (`List`, on `/var/lib/kubelet/pod-resources/kubelet.sock`) names, per running container, the
+claims it uses (`dynamic_resources`). `claims_in_use` makes one such call; `held_by_pods` picks the
+uses of one claim out of the answer. A pod being deleted stays listed, claims included, until its
+containers have stopped (seen on kubelet 1.36.2 with a container that outlasts its grace period).
+
+The kubelet fills `dynamic_resources` only with its `KubeletPodResourcesDynamicResources` feature gate
+on: alpha and off by default in 1.27-1.33, beta and on by default since 1.34 (Kubernetes'
+`pkg/features/kube_features.go`; the feature-gate reference agrees). A kubelet with the gate off
+answers List normally but leaves the field out, so its answer reads exactly like a node whose
+containers hold no claims. Nothing on the wire tells the two apart; this module does not guess, and a
+caller that must be sure has to know the kubelet's version and gates some other way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from nvdp.daemon.grpc_import import grpc
+from nvdp.dra.kubelet.api import podresources_v1_pb2 as pb
+from nvdp.dra.kubelet.api import podresources_v1_pb2_grpc as _pb_grpc
+
+# The generated service module has no type hints.
+pb_grpc: Any = _pb_grpc
+
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+# A busy node's answer can pass gRPC's default 4 MiB limit; Kubernetes' node tests and the usual
+# pod-resources clients (monitoring agents) allow 16 MiB.
+_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+_FIX = (
+    "mount the kubelet's /var/lib/kubelet/pod-resources into the plugin at the same path, and run a "
+    "kubelet of 1.34 or later (its KubeletPodResourcesDynamicResources gate is on by default there; "
+    "on 1.27-1.33 it must be switched on)"
+)
+
+
+class ClaimUse(msgspec.Struct, frozen=True):
+    """One running container that holds one claim."""
+
+    namespace: str  # the claim's
+    name: str  # the claim's
+    pod_namespace: str
+    pod_name: str
+    container: str
+
+
+class PodResourcesUnavailable(Exception):
+    """The kubelet's pod-resources API could not be asked; the message names the socket, why and the fix."""
+
+    def __init__(self, socket_path: str, cause: str) -> None:
+        super().__init__(f"cannot list the claims in use through {socket_path}: {cause}; {_FIX}")
+        self.socket_path = socket_path
+        self.cause = cause
+
+
+def claims_in_use(socket_path: str = POD_RESOURCES_SOCKET, timeout_s: float = 5.0) -> tuple[ClaimUse, ...]:
+    """Every (claim, pod, container) the kubelet on `socket_path` reports, in the kubelet's order.
+
+    One List call within `timeout_s`. Any failure raises PodResourcesUnavailable: the caller cannot
+    tell "no container holds it" from "could not ask", so it must not release anything then.
+    """
+    try:
+        # A fresh channel per call and no shared subchannel: a kubelet that re-created its socket
+        # must not be reached through a connection still backing off from the old one.
+        with grpc.insecure_channel(
+            f"unix://{socket_path}",
+            options=[("grpc.use_local_subchannel_pool", 1),
+                     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)],
+        ) as channel:
+            # No wait_for_ready: a missing socket or a refused connection fails at once (UNAVAILABLE)
+            # rather than using up the whole deadline.
+            answer = pb_grpc.PodResourcesListerStub(channel).List(
+                pb.ListPodResourcesRequest(), timeout=timeout_s)
+    except grpc.RpcError as err:
+        raise PodResourcesUnavailable(socket_path, _cause(err, timeout_s)) from err
+    return _uses(answer)
+
+
+def held_by_pods(uses: Iterable[ClaimUse], namespace: str, name: str) -> tuple[ClaimUse, ...]:
+    """The uses of claim `namespace`/`name` among `uses` (empty: no running container holds it)."""
+    return tuple(use for use in uses if use.namespace == namespace and use.name == name)
+
+
+def _uses(answer: pb.ListPodResourcesResponse) -> tuple[ClaimUse, ...]:
+    uses: dict[ClaimUse, None] = {}  # ordered, and each use once
+    for pod in answer.pod_resources:
+        for container in pod.containers:
+            for claim in container.dynamic_resources:
+                uses[ClaimUse(
+                    # A pod can only reference claims of its own namespace, so an empty field means that one.
+                    namespace=claim.claim_namespace or pod.namespace,
+                    name=claim.claim_name,
+                    pod_namespace=pod.namespace,
+                    pod_name=pod.name,
+                    container=container.name,
+                )] = None
+    return tuple(uses)
+
+
+def _cause(err: grpc.RpcError, timeout_s: float) -> str:
+    code: grpc.StatusCode = err.code()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"the kubelet did not answer List within {timeout_s:g}s"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return f"nothing answers there (no socket, or the kubelet is not running): {err.details()}"
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return f"the kubelet does not serve v1.PodResourcesLister/List: {err.details()}"
+    return f"List failed: {code.name}: {err.details()}"
