@@ -28,6 +28,7 @@ from nvdp.dra.pool.names import DEFAULT_DRIVER, check_driver_name
 NAME = "nvidia-dra-plugin"
 DRIVER_ENV = DRA_DRIVER_ENV
 PLUGINS_DIR_ENV = "KUBELET_PLUGINS_DIR"
+POD_RESOURCES_ENV = "KUBELET_POD_RESOURCES_SOCKET"
 REGISTRAR_DIR_ENV = "KUBELET_REGISTRAR_DIR"
 CDI_ROOT_ENV = "CDI_ROOT"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
@@ -39,6 +40,7 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     from nvdp.config.flags import add_config_arguments
     from nvdp.daemon.pernode.nodeconfig import add_node_config_arguments
     from nvdp.daemon.report import observe
+    from nvdp.dra.kubelet.pod_resources import POD_RESOURCES_SOCKET
 
     env = os.environ if env is None else env
     parser = argparse.ArgumentParser(
@@ -59,6 +61,11 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
                        default=env.get(REGISTRAR_DIR_ENV) or DEFAULT_REGISTRAR_DIR,
                        help=f"the kubelet's plugin registration folder (env {REGISTRAR_DIR_ENV}; "
                             "default %(default)s)")
+    group.add_argument("--kubelet-pod-resources-socket",
+                       default=env.get(POD_RESOURCES_ENV) or POD_RESOURCES_SOCKET,
+                       help="the kubelet's pod-resources socket: which containers hold which claims, the "
+                            f"proof a claim gone from the API server is no longer used here (env "
+                            f"{POD_RESOURCES_ENV}; default %(default)s)")
     group.add_argument("--cdi-root", default=env.get(CDI_ROOT_ENV) or DEFAULT_CDI_ROOT,
                        help=f"where the per-claim CDI specs go (env {CDI_ROOT_ENV}; default %(default)s)")
     return parser

@@ -222,6 +222,7 @@ class DraWork(DaemonWork):
         from nvdp.dra.claims.cdi_specs import CurrentSpecs
         from nvdp.dra.claims.preparer import ClaimPreparer
         from nvdp.dra.kubelet.health_service import HealthFeed
+        from nvdp.dra.kubelet.pod_resources import claims_in_use
         from nvdp.dra.kubelet.server import DraServer
         from nvdp.dra.pool.publish import SlicePublisher
         from nvdp.dra.serving import claim_instances
@@ -240,7 +241,9 @@ class DraWork(DaemonWork):
             lock_path=os.path.join(self.plugin_dir, LOCK_FILE),
             specs=CurrentSpecs(self._writer), get_claim=lambda ns, name: get_claim(client, ns, name),
             view=self.view, log=self.log, sharing=self.node_sharing(client),
-            instances=claim_instances(self.serving, client, self.driver, self.log))
+            instances=claim_instances(self.serving, client, self.driver, self.log),
+            in_use=lambda: {(u.namespace, u.name)
+                            for u in claims_in_use(self.args.kubelet_pod_resources_socket)})
         problem = self.preparer.restore(lambda: list_claims(client))
         if problem is not None:
             self.recorder.event("CheckpointSetAside", problem)
@@ -346,6 +349,8 @@ class DraWork(DaemonWork):
             self.mode.advertising()
         self.slices.retry()
         self.expire_notices()
+        if self.preparer is not None:
+            self.preparer.catch_up()  # a lost checkpoint's rebuild, claim statuses: once the API answers
         return None
 
     def wake_after(self) -> float | None:
