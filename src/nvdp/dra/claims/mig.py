@@ -68,14 +68,18 @@ def find_made(step: MigDeviceStep, live: Sequence[GpuInstance], others: Collecti
               ) -> GpuInstance | None:
     """The GPU instance `step` made, as NVML lists it now; None when it is gone (or never was).
 
-    Made (UUID recorded): only the instance holding that MIG device. Begun (no UUID yet): the instance
-    of the step's profile at its placement (its id too, once recorded) holding no MIG device another
-    claim's record owns (`others`, UUIDs): the placement was free when the intent was written, so what
-    is there now was made by the step."""
+    Made (UUID recorded): only the instance holding that MIG device, or, once its destroy has begun
+    (`releasing`), the instance with the recorded id left at the placement without a compute instance.
+    Begun (no UUID yet): the instance of the step's profile at its placement (its id too, once
+    recorded) holding no MIG device another claim's record owns (`others`, UUIDs): the placement was
+    free when the intent was written, so what is there now was made by the step."""
     at = [g for g in live
           if (g.gi_profile_id, g.start, g.size) == (step.gi_profile_id, step.start, step.size)]
     if step.mig is not None:
-        return next((g for g in at if step.mig.uuid in g.mig_uuids), None)
+        found = next((g for g in at if step.mig.uuid in g.mig_uuids), None)
+        if found is None and step.releasing:
+            found = next((g for g in at if g.gi_id == step.gi_id and not g.mig_uuids), None)
+        return found
     return next((g for g in at if (step.gi_id is None or g.gi_id == step.gi_id)
                  and not set(g.mig_uuids) & set(others)), None)
 
@@ -153,7 +157,7 @@ class ClaimInstances:
         except Exception as err:
             left = []
             for step in [s for s in now if isinstance(s, MigDeviceStep) and s.device in begun]:
-                problem = self.undo_step(step, ())
+                problem = self.undo_step(step, (), save)
                 if problem:
                     left.append(problem)
                 else:
@@ -202,9 +206,10 @@ class ClaimInstances:
         self._log.info("%s: made MIG device %s (%s, GPU instance %d at memory slices %d..%d) for %s",
                        what, mig.uuid, p.profile, gi_id, p.start, p.start + p.size - 1, device.name)
 
-    def undo_step(self, step: Step, others: Collection[str]) -> str:
+    def undo_step(self, step: Step, others: Collection[str], record: Callable[[Step], None]) -> str:
         """Undo one step: "" when what it made is gone (or was never made), else what failed (the step
-        stays recorded and its undo is tried again). `others`: the MIG UUIDs other claims own."""
+        stays recorded and its undo is tried again). `others`: the MIG UUIDs other claims own;
+        `record` saves the step as it changes (its destroy begun) before the destroy."""
         if isinstance(step, MigModeStep) or self._control is None:
             return ""  # the mode stays (MigModeStep says why)
         try:
@@ -212,6 +217,8 @@ class ClaimInstances:
             if found is None:
                 self._log.info("MIG device of %s (%s) is already gone", step.device, step.where)
                 return ""
+            if step.mig is not None and not step.releasing:
+                record(replace(step, releasing=True))
             self._control.destroy_gpu_instance(step.gpu_uuid, found.gi_id)
         except Exception as err:
             return f"cannot destroy the MIG device {step.where} of {step.device}: {err}"

@@ -117,6 +117,9 @@ class MigDeviceStep(Struct, frozen=True, tag="mig-device", omit_defaults=True):
     size: int
     gi_id: int | None = None
     mig: MigDevice | None = None
+    # Its destroy has begun (recorded before the compute instance goes): a GPU instance left at the
+    # step's placement with its id and no compute instance is then the step's, half destroyed.
+    releasing: bool = False
 
     @property
     def made(self) -> bool:

@@ -17,7 +17,7 @@ from typing import Protocol
 from msgspec.structs import replace
 
 from nvdp.dra.claims.mig import ClaimInstances
-from nvdp.dra.claims.records import RELEASING, ClaimEntry, MigDeviceStep, owned_mig
+from nvdp.dra.claims.records import RELEASING, ClaimEntry, MigDeviceStep, Step, owned_mig
 
 # Stores the claim's entry as it now stands (None: the claim is gone from the record), durably.
 Save = Callable[[ClaimEntry | None], None]
@@ -55,11 +55,19 @@ class ClaimUndo:
         theirs = owned_mig(others).uuids
         left: list[str] = []
         for step in reversed(entry.steps):
-            problem = self._instances.undo_step(step, theirs)
+            def record(changed: Step, was: Step = step) -> None:
+                nonlocal entry
+                entry = replace(entry, steps=tuple(changed if s is was else s for s in entry.steps))
+                save(entry)
+
+            problem = self._instances.undo_step(step, theirs, record)
             if problem:
                 left.append(problem)
                 continue
-            entry = replace(entry, steps=tuple(s for s in entry.steps if s is not step))
+            entry = replace(entry, steps=tuple(s for s in entry.steps
+                                               if not (s is step or (isinstance(s, MigDeviceStep)
+                                                                     and isinstance(step, MigDeviceStep)
+                                                                     and s.device == step.device))))
             if isinstance(step, MigDeviceStep):
                 save(entry)
         if left:
