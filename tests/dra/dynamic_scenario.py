@@ -18,11 +18,11 @@ from typing import Any
 import pynvml
 
 from nvdp.config.loader import load_config
+from nvdp.dra.claims.check import NodeView
 from nvdp.dra.claims.checkpoint import load_checkpoint, read_owned_mig
 from nvdp.dra.claims.mig import ClaimInstances
 from nvdp.dra.claims.preparer import ClaimPreparer
 from nvdp.dra.claims.records import ClaimRef
-from nvdp.dra.claims.view import NodeView
 from nvdp.dra.pool.contents import pool_devices
 from nvdp.dra.pool.devices import by_name
 from nvdp.inventory.mig_control import MigControl

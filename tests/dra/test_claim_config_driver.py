@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from nvdp.dra.claims.events import CONFIG_DRIVER_MISMATCH
 from nvdp.dra.claims.sharing.config_drivers import edit_distance, near_miss, near_miss_configs
+from nvdp.dra.claims.sharing.events import CONFIG_DRIVER_MISMATCH
 from nvdp.dra.claims.sharing.node import NodeSharing
 from nvdp.dra.pool.devices import DraDevice
 

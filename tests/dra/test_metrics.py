@@ -19,10 +19,10 @@ from prometheus_client import generate_latest
 from nvdp.daemon.grpc_import import grpc
 from nvdp.daemon.report.recording import Recorder
 from nvdp.dra.claims import preparer as state_module
+from nvdp.dra.claims.check import NodeView
 from nvdp.dra.claims.preparer import ClaimPreparer
 from nvdp.dra.claims.records import ClaimRef, PrepareResult
 from nvdp.dra.claims.sharing.gpuconfig import API_VERSION
-from nvdp.dra.claims.view import NodeView
 from nvdp.dra.kubelet import server as server_module
 from nvdp.dra.kubelet.api import dra_v1_pb2, dra_v1beta1_pb2
 from nvdp.dra.kubelet.meter import Meter, Prepared, prepared_by_kind

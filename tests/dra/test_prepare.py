@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 
 from nvdp.cdi.spec import ContainerEdits
-from nvdp.dra.claims.check import ClaimProblem, check_claim, our_results
+from nvdp.dra.claims.check import ClaimProblem, NodeView, check_claim, our_results
 from nvdp.dra.claims.preparer import ClaimPreparer
 from nvdp.dra.claims.records import COMPLETED, ClaimRef
 from nvdp.dra.claims.release import ClaimsInUse
-from nvdp.dra.claims.view import NodeView
 from nvdp.dra.pool.devices import DraDevice
 from nvdp.inventory.model import MigDevice
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from nvdp.dra.claims.check import NodeView
 from nvdp.dra.claims.preparer import ClaimPreparer
-from nvdp.dra.claims.view import NodeView
 from nvdp.dra.pool.taints import RECOVERY_KEY, XID_KEY, Taint, Toleration, tolerated
 from tests.dra.test_prepare import DEVICES, DRIVER, LOG, NODE, Cluster, Specs, claim, ref
 

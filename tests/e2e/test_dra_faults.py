@@ -13,7 +13,15 @@ The story, each step on the one before:
    new claim pod runs on a third GPU.
 3. a pod using the deep claim: the scheduler allocates it a GPU, and the plugin refuses to prepare it,
    its pod's events naming the claim, the field and the limit.
-4. uninstall (the module's fixture).
+4. a claim force-deleted while its pod runs: the earlier pods deleted, a pod whose claim selects gpu-0
+   by its UUID (a CEL selector) runs; the claim's finalizers removed and the claim deleted, so the API
+   server no longer has it while its pod keeps running. A second claim selecting gpu-0 is allocated
+   gpu-0 by the scheduler (nothing holds it in the scheduler's view), and the plugin refuses to prepare
+   it while the first pod runs (the kubelet's pod-resources API shows a container holding the first
+   claim): the second pod stays not Ready for HOLD_S, the first claim's spec stays, and the pod's
+   events name both claims. The first pod deleted: the kubelet's retry prepares the second claim and
+   its pod runs with /dev/nvidia0.
+5. uninstall (the module's fixture).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import pytest
 
 from .e2e_cluster import Cluster, Release, Timings, story_release
 from .test_cdi import DRIVER_VERSION, LIBDIR, LIBRARIES, HostSetup
-from .test_dra import CLAIM_SPEC_PREFIX, MIXED_DRIVER_VERSION, claim_host, pod_ready
+from .test_dra import CLAIM_SPEC_PREFIX, MIXED_DRIVER_VERSION, claim_host, pod_ready, slice_devices
 
 SCENARIO = "DRA faults"
 pytestmark = pytest.mark.incremental
@@ -36,6 +44,8 @@ HOSTILE = "nvdp-e2e-dra-hostile"
 CHECKPOINT = f"/var/lib/kubelet/plugins/{DRIVER}/checkpoint.json"
 DEPTH = 1500
 MAX_DEPTH = 100  # nvdp.kube.claims.MAX_DEPTH, as the message states it
+HOLD_S = 20  # how long the second claim's pod is watched not running beside the first
+FORCE_DELETED: dict[str, str] = {}  # the force-deleted claim's uid, for the steps after
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +221,133 @@ def test_the_deep_claim_itself_is_refused_naming_the_field(
     assert pod(cluster, "deep-user", HOSTILE)["status"].get("phase") == "Pending"
     cluster.kubectl("delete", "pod", "-n", HOSTILE, "deep-user", "--wait=true", check=False, timeout=90)
 
+
+
+def gpu_claim(name: str, uuid: str) -> dict[str, Any]:
+    selector = f"device.attributes['{DRIVER}'].uuid == '{uuid}'"
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRIVER, "selectors": [{"cel": {"expression": selector}}]}}]}},
+    }  # fmt: skip
+
+
+def allocated_devices(claim: dict[str, Any]) -> list[str]:
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return [str(r["device"]) for r in (allocation.get("devices") or {}).get("results") or []]
+
+
+def holders_of(cluster: Cluster, device: str) -> list[str]:
+    claims = cluster.kubectl_json("get", "resourceclaims", "-A")["items"]
+    return [f"{c['metadata']['namespace']}/{c['metadata']['name']}" for c in claims
+            if device in allocated_devices(c)]
+
+
+def delete_pods(cluster: Cluster, *names: str) -> None:
+    cluster.kubectl("delete", "pod", "-n", NAMESPACE, *names, "--ignore-not-found", "--wait=true", timeout=90)
+
+
+def test_a_force_deleted_claim_keeps_its_gpu_while_its_pod_runs(
+        cluster: Cluster, release: Release, timings: Timings) -> None:
+    # gpu-0 free: the earlier steps' pods (their template claims go with them) and the deep claim
+    delete_pods(cluster, "fault-a", "fault-b", "fault-c")
+    cluster.kubectl("delete", "resourceclaim", "-n", HOSTILE, "deep", "--ignore-not-found", "--wait=true",
+                    timeout=90)
+    cluster.wait_for("no claim allocated gpu-0", lambda: not holders_of(cluster, "gpu-0"), 60,
+                     diagnose=lambda: str(holders_of(cluster, "gpu-0")))
+    uuid = slice_devices(cluster)["gpu-0"]["attributes"]["uuid"]["string"]
+    cluster.apply([gpu_claim("first", uuid),
+                   claim_pod("first", release.images.plugin, template=None, claim="first")])
+    _, seconds = cluster.wait_for("pod first Ready", lambda: pod_ready(pod(cluster, "first")), 120,
+                                  diagnose=diagnose(cluster, release))
+    timings.add(SCENARIO, "claim selecting gpu-0 -> pod Ready", seconds)
+    claim = cluster.kubectl_json("get", "resourceclaim", "-n", NAMESPACE, "first")
+    assert allocated_devices(claim) == ["gpu-0"], claim.get("status")
+    uid = FORCE_DELETED["uid"] = str(claim["metadata"]["uid"])
+    assert spec_exists(cluster, uid)
+
+    start = time.monotonic()
+    cluster.kubectl("delete", "resourceclaim", "-n", NAMESPACE, "first", "--wait=false")
+    cluster.kubectl("patch", "resourceclaim", "-n", NAMESPACE, "first", "--type=merge",
+                    "-p", '{"metadata":{"finalizers":null}}')
+
+    def gone() -> bool:
+        found = cluster.kubectl("get", "resourceclaim", "-n", NAMESPACE, "first", check=False)
+        return found.returncode != 0 and "NotFound" in found.stderr
+
+    cluster.wait_for("claim first gone from the API server", gone, 30, diagnose=diagnose(cluster, release))
+    timings.add(SCENARIO, "claim force-deleted -> gone from the API server", time.monotonic() - start)
+    assert pod_ready(pod(cluster, "first")) and restarts(cluster, "first") == 0
+    assert spec_exists(cluster, uid), "the claim's spec went while its pod runs"
+
+
+def refusals(cluster: Cluster, text: str) -> tuple[int, str | None]:
+    """How often the second pod's events carry `text` (the kubelet counts repeats), and one message."""
+    events = cluster.kubectl_json("get", "events", "-n", NAMESPACE, "--field-selector",
+                                  "involvedObject.name=second")["items"]
+    found = [e for e in events if text in str(e.get("message", ""))]
+    return sum(int(e.get("count") or 1) for e in found), (str(found[0]["message"]) if found else None)
+
+
+def sync_now(cluster: Cluster, name: str) -> None:
+    """Have the kubelet sync the pod now: after a failed prepare it tries again at its next periodic
+    sync (about a minute later, with jitter), a wait of the kubelet's, not of the plugin's. An
+    annotation change is a pod update, which the kubelet syncs at once, preparing its claims again."""
+    cluster.kubectl("annotate", "pod", "-n", NAMESPACE, name, "--overwrite",
+                    f"nvdp-e2e/sync={time.time_ns()}")
+
+
+def test_a_second_claim_for_the_gpu_is_refused_while_the_first_pod_runs(
+        cluster: Cluster, release: Release, timings: Timings) -> None:
+    first_uid = FORCE_DELETED["uid"]
+    uuid = slice_devices(cluster)["gpu-0"]["attributes"]["uuid"]["string"]
+    cluster.apply([gpu_claim("second", uuid),
+                   claim_pod("second", release.images.plugin, template=None, claim="second")])
+    start = time.monotonic()
+    refusal = f"device gpu-0 is already prepared for claim {NAMESPACE}/first (uid {first_uid})"
+    message, seconds = cluster.wait_for("the second claim's prepare refused",
+                                        lambda: refusals(cluster, refusal)[1], 90,
+                                        diagnose=diagnose(cluster, release))
+    timings.add(SCENARIO, "second claim for gpu-0 -> prepare refused", seconds)
+    print(f"\nthe second claim's pod event: {message}")
+    second = cluster.kubectl_json("get", "resourceclaim", "-n", NAMESPACE, "second")
+    assert allocated_devices(second) == ["gpu-0"], second.get("status")
+    assert f"claim {NAMESPACE}/second (uid {second['metadata']['uid']})" in message, message
+    # The kubelet's retry while the first pod runs is refused the same way, and nothing starts the
+    # second pod beside the first for HOLD_S.
+    sync_now(cluster, "second")
+    retried = False
+    while time.monotonic() < start + HOLD_S or not retried:
+        assert not pod_ready(pod(cluster, "second")), "the second claim's pod runs beside the first"
+        assert pod(cluster, "second")["status"].get("phase") == "Pending"
+        assert pod_ready(pod(cluster, "first")), "the first pod stopped running"
+        retried = retried or refusals(cluster, refusal)[0] >= 2
+        assert retried or time.monotonic() < start + 2 * HOLD_S, "the kubelet did not prepare again"
+        time.sleep(1)
+    print(f"the second pod not running beside the first for {time.monotonic() - start:.1f} s, "
+          f"refused {refusals(cluster, refusal)[0]}x")
+    assert spec_exists(cluster, first_uid), "the force-deleted claim's spec went while its pod runs"
+    assert not spec_exists(cluster, str(second["metadata"]["uid"])), "the second claim was prepared"
+    log = plugin_log(cluster, release)
+    assert f"Keeping claim {NAMESPACE}/first (uid {first_uid}) as prepared" in log \
+        and "a container on this node still holds it" in log, log
+
+
+def test_the_second_pod_runs_once_the_first_pod_is_gone(
+        cluster: Cluster, release: Release, timings: Timings) -> None:
+    start = time.monotonic()
+    delete_pods(cluster, "first")
+    sync_now(cluster, "second")
+    cluster.wait_for("pod second Ready", lambda: pod_ready(pod(cluster, "second")), 60,
+                     diagnose=diagnose(cluster, release))
+    timings.add(SCENARIO, "first pod deleted -> second pod Ready", time.monotonic() - start)
+    uid = str(cluster.kubectl_json("get", "resourceclaim", "-n", NAMESPACE, "second")["metadata"]["uid"])
+    assert spec_exists(cluster, uid)
+    assert not spec_exists(cluster, FORCE_DELETED["uid"]), "the force-deleted claim's spec is left"
+    gpus = cluster.exec(NAMESPACE, "second", "sh", "-c", "ls /dev | grep -E '^nvidia[0-9]+$'").split()
+    assert gpus == ["nvidia0"], gpus
+    delete_pods(cluster, "second")
+    cluster.kubectl("delete", "resourceclaim", "-n", NAMESPACE, "second", "--wait=true", timeout=90)
+    cluster.wait_for("the second claim's spec to go", lambda: not spec_exists(cluster, uid), 60,
+                     diagnose=lambda: plugin_log(cluster, release))

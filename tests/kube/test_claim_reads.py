@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from nvdp.dra.claims.check import NodeView
 from nvdp.dra.claims.preparer import ClaimPreparer
-from nvdp.dra.claims.view import NodeView
 from nvdp.kube import connect
 from nvdp.kube.claims import MAX_DEPTH, ClaimListing, UnreadableClaim, decode_claim, get_claim, list_claims
 from nvdp.kube.jsonshape import NotJson, outline

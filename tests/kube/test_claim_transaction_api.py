@@ -27,9 +27,9 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 import pytest
 
+from nvdp.dra.claims.check import NodeView
 from nvdp.dra.claims.preparer import ClaimPreparer
 from nvdp.dra.claims.records import COMPLETED, ClaimRef
-from nvdp.dra.claims.view import NodeView
 from nvdp.kube import connect, get_claim, list_claims
 from sim.nvml import REPO_ROOT, NodeSim
 from tests.dra.test_prepare import DEVICES, NODE, Specs, no_container_holds_a_claim

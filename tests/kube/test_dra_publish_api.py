@@ -13,7 +13,7 @@ import pytest
 
 from nvdp.daemon.report.node_events import NodeEvents
 from nvdp.daemon.report.recording import Recorder
-from nvdp.dra.claims.events import CONFIG_DRIVER_MISMATCH, ClaimEvents
+from nvdp.dra.claims.sharing.events import CONFIG_DRIVER_MISMATCH, ClaimEvents
 from nvdp.dra.claims.sharing.node import NodeSharing
 from nvdp.dra.pool.devices import DraDevice
 from nvdp.dra.pool.publish import MAX_GENERATION, PUBLISH_FAILED, PublishError, SlicePublisher

@@ -68,7 +68,7 @@ def node_sharing(client: Any, serving: Serving, env: Mapping[str, str], driver: 
     dra.mps)."""
     from functools import partial
 
-    from nvdp.dra.claims.events import ClaimEvents
+    from nvdp.dra.claims.sharing.events import ClaimEvents
     from nvdp.dra.claims.sharing.mps import ClaimMps
     from nvdp.dra.claims.sharing.node import NodeSharing
     from nvdp.mps.compute_mode import NvmlComputeModes

@@ -38,10 +38,10 @@ if TYPE_CHECKING:
     from nvdp.daemon.pernode.nodeconfig import Chosen
     from nvdp.daemon.report.endpoints import Response
     from nvdp.dra.claims.cdi_specs import ClaimSpecWriter
+    from nvdp.dra.claims.check import NodeView
     from nvdp.dra.claims.preparer import ClaimPreparer
     from nvdp.dra.claims.sharing.mps import ClaimMps
     from nvdp.dra.claims.sharing.node import NodeSharing
-    from nvdp.dra.claims.view import NodeView
     from nvdp.dra.kubelet.server import DraServer
     from nvdp.health.ledger import Change, Ledger
 
@@ -161,7 +161,7 @@ class DraWork(DaemonWork):
             return list(self.serving.devices.values()), self.unhealthy, dict(self.device_health)
 
     def view(self) -> NodeView:
-        from nvdp.dra.claims.view import NodeView
+        from nvdp.dra.claims.check import NodeView
 
         with self._lock:
             assert self.serving is not None

@@ -2,7 +2,7 @@
 
 One table, so that a reason is chosen once and on purpose: `nvdp.daemon.report.recording.Recorder` (Node
 Events) and
-`nvdp.dra.claims.events.ClaimEvents` (Events on ResourceClaims) refuse a reason that is not declared
+`nvdp.dra.claims.sharing.events.ClaimEvents` (Events on ResourceClaims) refuse a reason that is not declared
 here for their object, with an ERROR naming this table. A test reads every reason used in src/ and
 checks it against the table, both ways.
 

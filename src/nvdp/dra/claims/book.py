@@ -3,10 +3,19 @@
 Every write goes through `put` or `drop`, which replace the checkpoint file atomically and durably
 (nvdp.dra.claims.checkpoint) before returning, so an intent recorded here is on disk before the side
 effect it announces.
+
+The node-wide lock (`node_lock`) is held around every change: a thread lock for this process and an
+`flock` on a file in the plugin's folder, so a second plugin instance (a rolling update) waits its
+turn. Waiting longer than the kubelet would is answered with TimeoutError, which the kubelet retries.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import threading
+import time
 from collections.abc import Iterator
 
 from nvdp.dra.claims.checkpoint import Loaded, load_checkpoint, save_checkpoint
@@ -68,3 +77,28 @@ class SaveEntry:
             self._book.drop(self._uid)
         else:
             self._book.put(entry)
+
+
+@contextlib.contextmanager
+def node_lock(lock: threading.Lock, path: str, wait_s: float) -> Iterator[None]:
+    if not lock.acquire(timeout=wait_s):
+        raise TimeoutError(f"another prepare or unprepare has held this plugin for over {wait_s:g}s; "
+                           "the kubelet retries")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"another plugin instance holds {path}; "
+                                           "the kubelet retries") from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+    finally:
+        lock.release()

@@ -4,18 +4,24 @@ Pure: the claim comes in as a plain dict (the API object), the answer is a tuple
 `ClaimProblem` whose message says what is wrong and what happens next. The kubelet sends only the
 claim's namespace, name and UID; the allocation is read from the claim itself, as every DRA driver
 does, and the UID check catches a claim deleted and re-created under the same name in between.
+
+`NodeView` is what the node has as a claim is checked (its published devices, their health and
+taints); `ClaimSpecs` the per-claim CDI specs the transaction writes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Protocol
 
 from msgspec import Struct
 
+from nvdp.cdi.spec import ContainerEdits
 from nvdp.claim_results import allocation_results
 from nvdp.dra.claims.causes import CLAIM_NOT_FOUND, INVALID_CLAIM
-from nvdp.dra.pool.taints import Toleration, tolerations_of
+from nvdp.dra.pool.devices import DraDevice
+from nvdp.dra.pool.taints import Taint, Toleration, tolerated, tolerations_of
+from nvdp.inventory.model import MigDevice
 
 
 class ClaimProblem(Exception):
@@ -92,3 +98,41 @@ def check_claim(claim: Mapping[str, Any] | None, *, namespace: str, name: str, u
                 f"does not have (its devices: {known}); the node's ResourceSlice was out of date: delete "
                 "the pod so that the claim is allocated again from the current slice")
     return results
+
+
+class ClaimSpecs(Protocol):
+    """The per-claim CDI specs on disk."""
+
+    def write(self, claim_uid: str, devices: Sequence[DraDevice], extra: ContainerEdits | None = None,
+              made: Mapping[str, MigDevice] | None = None) -> dict[str, str]:
+        """Write the claim's spec (`extra`: edits for all its containers; `made`: the MIG devices made
+        for its placement devices, by device name); the qualified CDI name of each device, by name."""
+
+    def remove(self, claim_uid: str) -> None: ...
+
+    def exists(self, claim_uid: str) -> bool: ...
+
+    def present(self) -> frozenset[str]:
+        """The claim UIDs that have a spec file."""
+
+
+class NodeView(Struct, frozen=True):
+    """What the node has now: its devices by name, and the UUIDs that are unhealthy."""
+
+    devices: Mapping[str, DraDevice]
+    unhealthy: frozenset[str] = frozenset()
+    # The taints each published device carries (nvdp.dra.pool.taints), by name; empty while taints are not
+    # published (an API server without them): an unhealthy device is then refused to every claim.
+    taints: Mapping[str, tuple[Taint, ...]] = {}
+
+    def unhealthy_device(self, name: str) -> bool:
+        device = self.devices[name]
+        return device.uuid in self.unhealthy or device.gpu_uuid in self.unhealthy
+
+    def refused(self, result: Allocated) -> bool:
+        """An unhealthy device is refused unless the claim tolerates every taint it is published with
+        (a diagnostics pod on the faulted GPU)."""
+        if not self.unhealthy_device(result.device):
+            return False
+        taints = self.taints.get(result.device, ())
+        return not taints or not tolerated(result.tolerations, taints)

@@ -33,11 +33,10 @@ from typing import Any
 from msgspec.structs import replace
 
 from nvdp.cdi.spec import ContainerEdits
-from nvdp.dra.claims.book import ClaimBook
+from nvdp.dra.claims.book import ClaimBook, node_lock
 from nvdp.dra.claims.causes import API_ERROR, CDI_WRITE, DEVICE_BUSY, DEVICE_UNHEALTHY, LOCK_ACQUIRE, cause_of
-from nvdp.dra.claims.check import Allocated, ClaimProblem, check_claim, describe
+from nvdp.dra.claims.check import Allocated, ClaimProblem, ClaimSpecs, NodeView, check_claim, describe
 from nvdp.dra.claims.holders import holders_on, overlapping
-from nvdp.dra.claims.lock import node_lock
 from nvdp.dra.claims.mig import ClaimInstances
 from nvdp.dra.claims.records import (
     COMPLETED,
@@ -52,7 +51,6 @@ from nvdp.dra.claims.records import (
 from nvdp.dra.claims.release import ClaimsInUse, Releaser
 from nvdp.dra.claims.sharing.node import ClaimShare, NodeSharing
 from nvdp.dra.claims.undo import ClaimUndo
-from nvdp.dra.claims.view import ClaimSpecs, NodeView
 from nvdp.dra.pool.devices import DraDevice
 from nvdp.inventory.model import MigDevice
 from nvdp.kube.claims import UnreadableClaim

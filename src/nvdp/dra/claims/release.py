@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nvdp.dra.claims.book import ClaimBook
-from nvdp.dra.claims.check import Allocated, describe
+from nvdp.dra.claims.check import Allocated, NodeView, describe
 from nvdp.dra.claims.rebuild import (
     Listed,
     in_use_here,
@@ -37,7 +37,6 @@ from nvdp.dra.claims.rebuild import (
 from nvdp.dra.claims.records import COMPLETED, ClaimEntry, PreparedDevice
 from nvdp.dra.claims.sharing.node import NodeSharing
 from nvdp.dra.claims.undo import ClaimUndo
-from nvdp.dra.claims.view import NodeView
 from nvdp.kube.claims import UnreadableClaim
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 DRA hands each driver only the opaque configs naming it, and a driver ignores the others' without a
 word (a claim can mix drivers). So a config for `gpu.nvidia.co` is dropped silently and the claim is
 prepared without its sharing. `near_miss_configs` (pure) finds such configs in a claim, naming the
-field; the DRA plugin records them as a Warning Event on the claim (nvdp.dra.claims.events).
+field; the DRA plugin records them as a Warning Event on the claim (nvdp.dra.claims.sharing.events).
 
 A near miss: not this driver's name and not another real driver's (KNOWN_DRIVERS), but equal to it
 ignoring case, at most two typos away (one for names under 8 characters), or one of the names taken

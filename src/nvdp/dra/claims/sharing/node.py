@@ -23,10 +23,10 @@ from nvdp.cdi.spec import ContainerEdits, Mount
 from nvdp.claim_results import allocation_results, result_field
 from nvdp.dra.claims.causes import INVALID_CONFIG, SHARING_SETUP
 from nvdp.dra.claims.check import ClaimProblem
-from nvdp.dra.claims.events import CONFIG_DRIVER_MISMATCH
 from nvdp.dra.claims.records import ClaimLimits
 from nvdp.dra.claims.records import ClaimShare as ClaimShare
 from nvdp.dra.claims.sharing.config_drivers import near_miss_configs
+from nvdp.dra.claims.sharing.events import CONFIG_DRIVER_MISMATCH
 from nvdp.dra.claims.sharing.gpuconfig import DeviceSharing, MpsLimits, SharingProblem, device_sharing
 from nvdp.dra.claims.sharing.mps import CONTAINER_PIPE_DIR, ClaimMps, MpsUnavailable, claim_limits, client_env
 from nvdp.dra.claims.sharing.quantity import QuantityError, quantity_value
@@ -143,7 +143,7 @@ def claim_share(devices: Sequence[DraDevice], sharing: Mapping[str, DeviceSharin
 
 
 class ClaimWarner(Protocol):
-    """Where warnings about a claim go (nvdp.dra.claims.events.ClaimEvents: Events on the claim)."""
+    """Where warnings about a claim go (nvdp.dra.claims.sharing.events.ClaimEvents: Events on the claim)."""
 
     def warning(self, claim: Mapping[str, Any], reason: str, message: str) -> None: ...
 
