@@ -58,6 +58,7 @@ from nvdp.kube.claims import UnreadableClaim
 # The kubelet gives a call 45 s; a plugin that cannot get the node-wide lock in this long answers the
 # claim with an error (retried) rather than running into the kubelet's deadline.
 LOCK_WAIT_S = 10.0
+CATCH_UP_WAIT_S = 0.5
 
 GetClaim = Callable[[str, str], "Mapping[str, Any] | None"]
 ListClaims = Callable[[], "Sequence[Mapping[str, Any]]"]  # a ClaimListing says which it could not read
@@ -99,13 +100,19 @@ class ClaimPreparer:
 
     def catch_up(self) -> None:
         """What a start could not do because the API server did not answer (the rebuild of a lost
-        checkpoint, claim status writes), tried again; cheap when nothing waits."""
+        checkpoint, claim status writes), tried again; nothing, and no lock, when nothing waits. The
+        daemon's tick calls it: it waits for the node lock a moment only, as a prepare that holds it
+        catches up itself."""
+        waiting = self._release.rebuild_pending or any(
+            e.status_pending for e in self._book.entries().values())
+        if not waiting:
+            return
         try:
-            with self._locked():
+            with node_lock(self._lock, self._lock_path, CATCH_UP_WAIT_S):
                 self._release.retry_rebuild()
                 self._report_pending()
         except TimeoutError:
-            pass  # a prepare holds the lock: it catches up itself
+            pass
 
     def _report_pending(self) -> None:
         for uid in self._book:

@@ -78,6 +78,11 @@ class Releaser:
         self._write_spec = write_spec
         self._list_claims: Callable[[], Sequence[Mapping[str, Any]]] | None = None
         self._rebuild_pending = False
+        self._retry_failed = False  # logged once per run of failed retries
+
+    @property
+    def rebuild_pending(self) -> bool:
+        return self._rebuild_pending
 
     def restore(self, list_claims: Callable[[], Sequence[Mapping[str, Any]]] | None) -> str | None:
         loaded = self._book.load()
@@ -120,11 +125,18 @@ class Releaser:
         remove_orphaned_specs(self._specs, self._specs.present() - set(self._book), listed, self._log)
 
     def _list_quietly(self) -> Listed | None:
+        """The list for a retry: its failure is logged once, not at every tick."""
         assert self._list_claims is not None
         try:
-            return list_claims_at_start(self._list_claims, logging.getLogger("nvdp.dra.quiet"))
-        except Exception:
+            claims = self._list_claims()
+        except Exception as err:
+            if not self._retry_failed:
+                self._log.warning("The prepared claims are still to be rebuilt from the API server, which "
+                                  "does not answer (%s); tried again every tick, every claim spec kept", err)
+            self._retry_failed = True
             return None
+        self._retry_failed = False
+        return list_claims_at_start(lambda: claims, self._log)
 
     def release_proven_gone(self, uids: Iterable[str]) -> bool:
         """Release the prepared claims among `uids` that the API server and the kubelet show unused
