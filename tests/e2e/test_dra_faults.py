@@ -19,16 +19,18 @@ The story, each step on the one before:
    gpu-0 by the scheduler (nothing holds it in the scheduler's view), and the plugin refuses to prepare
    it while the first pod runs (the kubelet's pod-resources API shows a container holding the first
    claim): the second pod stays not Ready for HOLD_S, the first claim's spec stays, and the pod's
-   events name both claims. The first pod deleted: the kubelet's retry prepares the second claim and
-   its pod runs with /dev/nvidia0.
+   events name both claims; the kubelet's retry is refused the same way. The first pod deleted: the
+   kubelet's retry prepares the second claim and its pod runs with /dev/nvidia0. (The kubelet retries
+   a failed prepare at its periodic sync, about a minute; the story has it sync the pod sooner with an
+   annotation change.)
 5. uninstall (the module's fixture).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 
@@ -45,7 +47,9 @@ CHECKPOINT = f"/var/lib/kubelet/plugins/{DRIVER}/checkpoint.json"
 DEPTH = 1500
 MAX_DEPTH = 100  # nvdp.kube.claims.MAX_DEPTH, as the message states it
 HOLD_S = 20  # how long the second claim's pod is watched not running beside the first
+SYNC_EVERY_S = 10  # the kubelet asked to sync a pod not yet Ready this often
 FORCE_DELETED: dict[str, str] = {}  # the force-deleted claim's uid, for the steps after
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +252,38 @@ def delete_pods(cluster: Cluster, *names: str) -> None:
     cluster.kubectl("delete", "pod", "-n", NAMESPACE, *names, "--ignore-not-found", "--wait=true", timeout=90)
 
 
+def sync_now(cluster: Cluster, name: str) -> None:
+    """Have the kubelet sync the pod now: after a failed prepare it tries again only at its next periodic
+    sync (a minute later, with jitter), a wait of the kubelet's, not of the plugin's. An annotation
+    change is a pod update, which the kubelet syncs at once, preparing its claims again."""
+    cluster.kubectl("annotate", "pod", "-n", NAMESPACE, name, "--overwrite",
+                    f"nvdp-e2e/sync={time.time_ns()}")
+
+
+def wait_with_syncs(cluster: Cluster, release: Release, name: str, what: str, probe: Callable[[], T | None],
+                    timeout: float) -> tuple[T, float]:
+    """`cluster.wait_for`, the kubelet asked to sync pod `name` every SYNC_EVERY_S meanwhile. A prepare
+    the kubelet could not finish (refused while the device is held, or its fetch of the claim
+    forbidden while the node authorizer has not yet seen the pod bound) is otherwise tried again only
+    at its next periodic sync."""
+    synced = time.monotonic()
+
+    def nudged() -> T | None:
+        nonlocal synced
+        found = probe()
+        if (found is None or found is False) and time.monotonic() - synced >= SYNC_EVERY_S:
+            sync_now(cluster, name)
+            synced = time.monotonic()
+        return found
+
+    return cluster.wait_for(what, nudged, timeout, diagnose=diagnose(cluster, release))
+
+
+def ready_with_syncs(cluster: Cluster, release: Release, name: str, timeout: float) -> float:
+    return wait_with_syncs(cluster, release, name, f"pod {name} Ready", lambda: pod_ready(pod(cluster, name)),
+                           timeout)[1]
+
+
 def test_a_force_deleted_claim_keeps_its_gpu_while_its_pod_runs(
         cluster: Cluster, release: Release, timings: Timings) -> None:
     # gpu-0 free: the earlier steps' pods (their template claims go with them) and the deep claim
@@ -259,8 +295,7 @@ def test_a_force_deleted_claim_keeps_its_gpu_while_its_pod_runs(
     uuid = slice_devices(cluster)["gpu-0"]["attributes"]["uuid"]["string"]
     cluster.apply([gpu_claim("first", uuid),
                    claim_pod("first", release.images.plugin, template=None, claim="first")])
-    _, seconds = cluster.wait_for("pod first Ready", lambda: pod_ready(pod(cluster, "first")), 120,
-                                  diagnose=diagnose(cluster, release))
+    seconds = ready_with_syncs(cluster, release, "first", 90)
     timings.add(SCENARIO, "claim selecting gpu-0 -> pod Ready", seconds)
     claim = cluster.kubectl_json("get", "resourceclaim", "-n", NAMESPACE, "first")
     assert allocated_devices(claim) == ["gpu-0"], claim.get("status")
@@ -290,14 +325,6 @@ def refusals(cluster: Cluster, text: str) -> tuple[int, str | None]:
     return sum(int(e.get("count") or 1) for e in found), (str(found[0]["message"]) if found else None)
 
 
-def sync_now(cluster: Cluster, name: str) -> None:
-    """Have the kubelet sync the pod now: after a failed prepare it tries again at its next periodic
-    sync (about a minute later, with jitter), a wait of the kubelet's, not of the plugin's. An
-    annotation change is a pod update, which the kubelet syncs at once, preparing its claims again."""
-    cluster.kubectl("annotate", "pod", "-n", NAMESPACE, name, "--overwrite",
-                    f"nvdp-e2e/sync={time.time_ns()}")
-
-
 def test_a_second_claim_for_the_gpu_is_refused_while_the_first_pod_runs(
         cluster: Cluster, release: Release, timings: Timings) -> None:
     first_uid = FORCE_DELETED["uid"]
@@ -306,9 +333,8 @@ def test_a_second_claim_for_the_gpu_is_refused_while_the_first_pod_runs(
                    claim_pod("second", release.images.plugin, template=None, claim="second")])
     start = time.monotonic()
     refusal = f"device gpu-0 is already prepared for claim {NAMESPACE}/first (uid {first_uid})"
-    message, seconds = cluster.wait_for("the second claim's prepare refused",
-                                        lambda: refusals(cluster, refusal)[1], 90,
-                                        diagnose=diagnose(cluster, release))
+    message, seconds = wait_with_syncs(cluster, release, "second", "the second claim's prepare refused",
+                                       lambda: refusals(cluster, refusal)[1], 60)
     timings.add(SCENARIO, "second claim for gpu-0 -> prepare refused", seconds)
     print(f"\nthe second claim's pod event: {message}")
     second = cluster.kubectl_json("get", "resourceclaim", "-n", NAMESPACE, "second")
@@ -339,8 +365,7 @@ def test_the_second_pod_runs_once_the_first_pod_is_gone(
     start = time.monotonic()
     delete_pods(cluster, "first")
     sync_now(cluster, "second")
-    cluster.wait_for("pod second Ready", lambda: pod_ready(pod(cluster, "second")), 60,
-                     diagnose=diagnose(cluster, release))
+    ready_with_syncs(cluster, release, "second", 60)
     timings.add(SCENARIO, "first pod deleted -> second pod Ready", time.monotonic() - start)
     uid = str(cluster.kubectl_json("get", "resourceclaim", "-n", NAMESPACE, "second")["metadata"]["uid"])
     assert spec_exists(cluster, uid)
