@@ -424,13 +424,15 @@ def test_a_foreign_mig_device_fails_the_prepare_with_the_cause(
         events = cluster.kubectl("get", "events", "-n", NAMESPACE, "--field-selector",
                                  "involvedObject.name=mig-full", "-o", "json", check=False).stdout
         for event in json.loads(events or "{}").get("items", []):
-            if "INSUFFICIENT_RESOURCES" in event.get("message", ""):
+            if "holds those memory slices" in event.get("message", ""):
                 return str(event["message"])
         return None
 
     message, _ = cluster.wait_for("the prepare refused", refused, 90,
                                   diagnose=diagnose(cluster, release, "mig-full"))
-    assert "another MIG device holds" in message and "nvidia-smi mig" in message, message
+    # Refused before any NVML change: the placement is looked at before the intent is recorded.
+    assert "this plugin did not make it" in message and "nvidia-smi mig" in message, message
+    assert "memory slices 3..3" in message, message
     assert live_profiles() == ["1g.10gb@3"]  # the foreign one only: nothing half-made
     delete_pod(cluster, "mig-full")
     uuid = foreign["uuid"] if isinstance(foreign, dict) else None
