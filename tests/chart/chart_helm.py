@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,9 +75,24 @@ class Rendered:
         return {o["metadata"]["name"]: o for o in self.find("DaemonSet")}
 
 
-def render(values: Values | None = None, *, release: str = RELEASE, namespace: str = NAMESPACE) -> Rendered:
-    """Render as `helm install` would (values schema checked); raises Helm's error otherwise."""
-    manifests = chart().render(values or {}, name=release, namespace=namespace, is_install=True)
+def _render(values: Values, release: str, namespace: str, kube_version: str | None) -> dict[str, str]:
+    if kube_version is None:
+        return chart().render(values, name=release, namespace=namespace, is_install=True)
+    # Chart.render has no Kubernetes version to pass; the library behind it takes one (as `helm template
+    # --kube-version` does).
+    from helm_python import _native
+
+    opts = {"name": release, "namespace": namespace, "is_install": True, "kube_version": kube_version}
+    rendered = _native.call_string("helm_render", chart()._raw(), json.dumps(values), json.dumps(opts))
+    manifests: dict[str, str] = json.loads(rendered)
+    return manifests
+
+
+def render(values: Values | None = None, *, release: str = RELEASE, namespace: str = NAMESPACE,
+           kube_version: str | None = None) -> Rendered:
+    """Render as `helm install` would (values schema checked); raises Helm's error otherwise.
+    `kube_version` ("v1.29.0") renders for that Kubernetes version instead of the library's default."""
+    manifests = _render(values or {}, release, namespace, kube_version)
     objects: list[Manifest] = []
     notes = ""
     for path, text in sorted(manifests.items()):
@@ -89,10 +105,11 @@ def render(values: Values | None = None, *, release: str = RELEASE, namespace: s
     return Rendered(objects=objects, notes=notes)
 
 
-def render_error(values: Values, *, release: str = RELEASE, namespace: str = NAMESPACE) -> str:
+def render_error(values: Values, *, release: str = RELEASE, namespace: str = NAMESPACE,
+                 kube_version: str | None = None) -> str:
     """The message Helm gives when it refuses to install these values."""
     try:
-        chart().render(values, name=release, namespace=namespace, is_install=True)
+        _render(values, release, namespace, kube_version)
     except helm_python.HelmError as error:
         return str(error)
     raise AssertionError(f"values were accepted: {values}")

@@ -51,9 +51,9 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Rules], dict[str, bool]]] = {
     "an existing ConfigMap (config.name): its entries unseen": (
         {"config": {"name": "mine", "default": "plain"}},
         {PLUGIN_ACCOUNT: rules(NODE_READ, EVENTS)}, {PLUGIN: True}),
-    "events.enabled": (
+    "events.enabled": (  # a Role in the Node events' namespace (default)
         {"events": {"enabled": True}, "config": {"map": {"config": MPS_ENTRY}}},
-        {PLUGIN_ACCOUNT: rules(EVENTS)}, {PLUGIN: True, MPS: False}),
+        {PLUGIN_ACCOUNT: rules(("", "events", "create"))}, {PLUGIN: True, MPS: False}),
     "gfd.enabled": (
         {"gfd": {"enabled": True}, "config": {"map": {"config": MPS_ENTRY}}},
         {GFD: rules(("", "nodes", "get list watch patch"), ("", "events", "create"))},
@@ -70,10 +70,17 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Rules], dict[str, bool]]] = {
     "dra.enabled": (
         {"dra": {"enabled": True}},
         {DRA: rules(("resource.k8s.io", "resourceclaims", "get list watch"),
+                    ("resource.k8s.io", "resourceslices", "get list watch create update delete"),
+                    NODE_READ, ("", "events", "create"))},
+        {DRA: True}),
+    "dra.enabled with migStrategy dynamic: claims' status (test_dra_rbac.py)": (
+        {"dra": {"enabled": True},
+         "config": {"map": {"mig": "version: v1\nflags:\n  mode: dra\n  migStrategy: dynamic\n"}}},
+        {DRA: rules(("resource.k8s.io", "resourceclaims", "get list watch"),
                     ("resource.k8s.io", "resourceclaims/status", "patch"),
                     ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
                     ("resource.k8s.io", "resourceslices", "get list watch create update delete"),
-                    NODE_READ, ("", "pods", "list"), EVENTS)},
+                    NODE_READ, ("", "events", "create"))},
         {DRA: True}),
 }
 

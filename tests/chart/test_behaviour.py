@@ -278,16 +278,24 @@ def test_per_node_config_grants_node_reads_and_event_writes_only(config: dict[st
     assert binding["subjects"] == [{"kind": "ServiceAccount", "namespace": NAMESPACE,
                                     "name": rendered.one("ServiceAccount")["metadata"]["name"]}]
     assert not {o["kind"] for o in rendered.objects} & {"Role", "RoleBinding"}
-    ports = rendered.one("NetworkPolicy")["spec"]["egress"][0]["ports"]
+    # Egress to the API server for the pods that hold a token (the deny-all policy opens nothing).
+    assert "egress" not in rendered.one("NetworkPolicy", "nvdp-nvidia-device-plugin-deny-all")["spec"]
+    allow = rendered.one("NetworkPolicy", "nvdp-nvidia-device-plugin-allow-apiserver")["spec"]
+    ports = allow["egress"][0]["ports"]
     assert {p["port"] for p in ports} == {443, 6443}
 
 
 def test_events_grant_only_creating_events_to_the_plugin() -> None:
     rendered = render({"mps": {"enabled": True}, "events": {"enabled": True}})
-    (role,) = rendered.find("ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
-    (binding,) = rendered.find("ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    # A Role in the namespace Node events are written in (default), not a ClusterRole.
+    assert not rendered.find("ClusterRole") and not rendered.find("ClusterRoleBinding")
+    (role,) = rendered.find("Role")
+    assert role["metadata"]["namespace"] == "default"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    (binding,) = rendered.find("RoleBinding")
+    assert binding["metadata"]["namespace"] == "default"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
     account = rendered.one("ServiceAccount")["metadata"]["name"]
     subject = {"kind": "ServiceAccount", "name": account, "namespace": "nvidia-device-plugin"}
     assert binding["subjects"] == [subject]

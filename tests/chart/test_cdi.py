@@ -1,5 +1,5 @@
-"""CDI values: NVIDIA's cdi.* and deviceListStrategy values render, and the hook's host directory is
-mounted where the plugin checks for the hook (NVDP_HOST_HOOK_DIR) only when CDI may be on."""
+"""CDI values: NVIDIA's cdi.* and deviceListStrategy values render, and the hook's host file (not its
+folder) is mounted where the plugin checks for the hook (NVDP_HOST_HOOK_DIR) only when CDI may be on."""
 
 from __future__ import annotations
 
@@ -25,21 +25,22 @@ def plugin_ctr(values: dict[str, Any]) -> Manifest:
     return container(plugin_ds(values), "nvidia-device-plugin-ctr")
 
 
-def hook_dir(values: dict[str, Any]) -> str | None:
-    """The host directory mounted for the hook check, asserting mount, volume and env agree."""
+def hook_file(values: dict[str, Any]) -> str | None:
+    """The host file mounted for the hook check, asserting mount, volume and env agree."""
     ds = plugin_ds(values)
     ctr = container(ds, "nvidia-device-plugin-ctr")
-    volumes = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "cdi-hook-dir"]
-    mounts = [m for m in ctr["volumeMounts"] if m["name"] == "cdi-hook-dir"]
+    volumes = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "cdi-hook"]
+    mounts = [m for m in ctr["volumeMounts"] if m["name"] == "cdi-hook"]
     variable = env(ctr).get("NVDP_HOST_HOOK_DIR")
     if not volumes:
         assert not mounts and variable is None
         return None
     (volume,), (mount,) = volumes, mounts
-    assert mount == {"name": "cdi-hook-dir", "mountPath": HOOK_MOUNT, "readOnly": True}
-    assert variable == HOOK_MOUNT
-    assert volume["hostPath"]["type"] == "DirectoryOrCreate"
     path: str = volume["hostPath"]["path"]
+    # The plugin looks for the hook's base name in $NVDP_HOST_HOOK_DIR.
+    assert mount == {"name": "cdi-hook", "mountPath": f"{HOOK_MOUNT}/{Path(path).name}", "readOnly": True}
+    assert variable == HOOK_MOUNT
+    assert volume["hostPath"]["type"] == "File"
     return path
 
 
@@ -80,24 +81,23 @@ def test_feature_flags_are_no_longer_listed_as_ignored() -> None:
         ({}, None),
         ({"deviceListStrategy": "envvar"}, None),
         ({"deviceListStrategy": "volume-mounts,envvar"}, None),
-        ({"deviceListStrategy": "cdi-cri"}, "/usr/bin"),
-        ({"deviceListStrategy": "envvar,cdi-annotations"}, "/usr/bin"),
-        ({"deviceListStrategy": ["cdi-cri", "cdi-annotations"]}, "/usr/bin"),
-        ({"deviceListStrategy": "cdi-cri", "cdi": {"nvidiaHookPath": GPU_OPERATOR_HOOK}},
-         "/usr/local/nvidia/toolkit"),
+        ({"deviceListStrategy": "cdi-cri"}, "/usr/bin/nvidia-ctk"),
+        ({"deviceListStrategy": "envvar,cdi-annotations"}, "/usr/bin/nvidia-ctk"),
+        ({"deviceListStrategy": ["cdi-cri", "cdi-annotations"]}, "/usr/bin/nvidia-ctk"),
+        ({"deviceListStrategy": "cdi-cri", "cdi": {"nvidiaHookPath": GPU_OPERATOR_HOOK}}, GPU_OPERATOR_HOOK),
         # The hook path alone does not turn CDI on.
         ({"cdi": {"nvidiaHookPath": GPU_OPERATOR_HOOK}}, None),
         # The strategy from an inline entry; its hook path too.
-        ({"config": {"map": {"c": entry(deviceListStrategy="cdi-cri")}}}, "/usr/bin"),
+        ({"config": {"map": {"c": entry(deviceListStrategy="cdi-cri")}}}, "/usr/bin/nvidia-ctk"),
         ({"config": {"map": {"c": entry(deviceListStrategy="[cdi-cri]", nvidiaCTKPath="/opt/ctk/hook")}}},
-         "/opt/ctk"),
+         "/opt/ctk/hook"),
         ({"config": {"map": {"c": {"flags": {"plugin": {"deviceListStrategy": "cdi-annotations"}}}}}},
-         "/usr/bin"),
+         "/usr/bin/nvidia-ctk"),
         # The value wins over the entries, as its env var wins over the file.
         ({"deviceListStrategy": "envvar", "config": {"map": {"c": entry(deviceListStrategy="cdi-cri")}}},
          None),
         ({"deviceListStrategy": "cdi-cri", "cdi": {"nvidiaHookPath": GPU_OPERATOR_HOOK},
-          "config": {"map": {"c": entry(nvidiaCTKPath="/opt/ctk/hook")}}}, "/usr/local/nvidia/toolkit"),
+          "config": {"map": {"c": entry(nvidiaCTKPath="/opt/ctk/hook")}}}, GPU_OPERATOR_HOOK),
         # Entries that name different hook paths: the chart cannot tell which one a node gets.
         ({"deviceListStrategy": "cdi-cri",
           "config": {"map": {"a": entry(nvidiaCTKPath="/opt/ctk/hook"), "b": "version: v1\n"}}}, None),
@@ -105,17 +105,16 @@ def test_feature_flags_are_no_longer_listed_as_ignored() -> None:
         ({"deviceListStrategy": "cdi-cri",
           "config": {"map": {"a": entry(nvidiaCTKPath="/opt/ctk/hook"),
                              "b": entry(nvidiaCTKPath="/opt/ctk/hook", deviceIDStrategy="index")}}},
-         "/opt/ctk"),
+         "/opt/ctk/hook"),
         # An existing ConfigMap cannot be read: it may use CDI.
-        ({"config": {"name": "mine", "default": "c"}}, "/usr/bin"),
-        # A hook at the root, or a relative path: nothing sensible to mount.
-        ({"deviceListStrategy": "cdi-cri", "cdi": {"nvidiaHookPath": "/nvidia-ctk"}}, None),
+        ({"config": {"name": "mine", "default": "c"}}, "/usr/bin/nvidia-ctk"),
+        # A hook at the root is only that file; a relative path: nothing to mount (the plugin refuses it).
+        ({"deviceListStrategy": "cdi-cri", "cdi": {"nvidiaHookPath": "/nvidia-ctk"}}, "/nvidia-ctk"),
         ({"deviceListStrategy": "cdi-cri", "cdi": {"nvidiaHookPath": "nvidia-ctk"}}, None),
     ],
 )
-def test_hook_directory_is_mounted_only_when_cdi_may_be_on(values: dict[str, Any],
-                                                          expected: str | None) -> None:
-    assert hook_dir(values) == expected
+def test_hook_file_is_mounted_only_when_cdi_may_be_on(values: dict[str, Any], expected: str | None) -> None:
+    assert hook_file(values) == expected
 
 
 def test_nvidia_cdi_values_render_and_load() -> None:
@@ -129,7 +128,7 @@ def test_nvidia_cdi_values_render_and_load() -> None:
     ds = plugin_ds(values)
     ctr = container(ds, "nvidia-device-plugin-ctr")
     variables = {k: v for k, v in env(ctr).items() if v is not None}
-    assert hook_dir(values) == "/usr/local/nvidia/toolkit"
+    assert hook_file(values) == GPU_OPERATOR_HOOK
     mounts = {m["mountPath"]: m for m in ctr["volumeMounts"]}
     assert mounts["/driver-root"]["readOnly"] is True
     assert "/var/run/cdi" in mounts  # where the plugin writes the spec

@@ -39,10 +39,8 @@ RENDERS: dict[str, dict[str, Any]] = {
 ACCEPTED: dict[str, set[str]] = {
     "CKV_K8S_8": {"mps-control-daemon", "test"},  # liveness probe
     "CKV_K8S_9": {"mps-control-daemon", "test"},  # readiness probe
-    "CKV_K8S_10": {"device-plugin", "mps-control-daemon"},  # CPU requests
-    "CKV_K8S_11": {"device-plugin", "mps-control-daemon"},  # CPU limits
-    "CKV_K8S_12": {"device-plugin", "mps-control-daemon"},  # memory requests
-    "CKV_K8S_13": {"device-plugin", "mps-control-daemon"},  # memory limits
+    "CKV_K8S_11": {"device-plugin", "mps-control-daemon"},  # CPU limits (throttling)
+    "CKV_K8S_13": {"mps-control-daemon"},  # memory limit (NVIDIA's MPS processes run in it)
     "CKV_K8S_15": {"device-plugin", "mps-control-daemon", "test"},  # pull policy Always
     "CKV_K8S_43": {"device-plugin", "mps-control-daemon", "test"},  # image digest
     "CKV_K8S_23": {"device-plugin", "mps-control-daemon"},  # runs as root

@@ -42,6 +42,7 @@ from nvdp.kube import connect, get_node_allocatable, list_slices
 from sim.kubelet import KubeletSim
 from sim.nvml import NodeSim
 from tests.kube.envtest import ControlPlane
+from tests.kube.kubelet_pod_resources import KubeletPodResources
 
 from .cdi_node import make_cdi_node
 from .conftest import clean_env
@@ -188,9 +189,13 @@ def node(kube_api: ControlPlane, tmp_path: Path) -> Iterator[Node]:
     plugin_dir = tmp_path / "device-plugins"
     client = connect(kube_api.admin_kubeconfig)
     with NodeSim("t4", tmp_path / "nvml") as sim, KubeletSim(plugin_dir) as kubelet, \
+            KubeletPodResources(client, name) as pod_resources, \
             NodeStatusMirror(kubelet, client, name), Sampler(client, name) as sampler:
+        # Both plugins ask the kubelet's pod-resources API (here answered from the API server's pods)
+        # which pods use the GPUs.
         env = {**clean_env(), **sim.env, "CONFIG_DIR": str(root), "DEFAULT_CONFIG": "dp", "NODE_NAME": name,
                "KUBECONFIG": str(kube_api.admin_kubeconfig), "PYTHONUNBUFFERED": "1",
+               "KUBELET_POD_RESOURCES_SOCKET": pod_resources.socket_path,
                "DRA_DRIVER_NAME": DRIVER, "NVDP_DEFAULT_MODE": "dra",
                "HEALTH_RECOVERY_AFTER": "1s", "HEALTH_STATE_DIR": str(tmp_path / "health")}
         cdi = make_cdi_node(tmp_path / "cdi-node", sim.inventory)
@@ -299,7 +304,7 @@ def test_a_label_switches_the_node_between_the_apis_never_both(node: Node) -> No
     # may be on its way to the node). Deleted, as the resource claim controller would do.
     time.sleep(12)  # past a retry
     assert in_dra_mode(node), "the switch went in while a claim was still allocated from the node's pool"
-    assert "infer-gpu (a claim allocated here, its pod not bound yet)" in node.dra.log
+    assert "infer-gpu (a claim allocated here, no container on the node holds it yet)" in node.dra.log
     node.plane.kubectl("-n", node.namespace, "delete", "resourceclaim", "infer-gpu")
     node.wait("the switch back after the claim went", lambda: in_dp_mode(node))
 

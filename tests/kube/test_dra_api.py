@@ -325,9 +325,11 @@ def test_the_plugin_account_publishes_and_removes_its_own_nodes_slices(plane: Co
         assert can_i(plane, kubeconfig, verb, "resourceclaims.resource.k8s.io", "-A")
         assert can_i(plane, kubeconfig, verb, "nodes")
     assert can_i(plane, kubeconfig, "create", "events", "-n", "default")
-    assert can_i(plane, kubeconfig, "list", "pods", "-A")  # the pods on its node, before a mode switch
+    # No pods (the kubelet's pod-resources API says which use the GPUs), no claims' status without
+    # migStrategy dynamic (tests/kube/test_dra_status_admission.py), Events never changed.
     for forbidden in (("update", "resourceclaims.resource.k8s.io", "-A"),
-                      ("update", "resourceclaims/status", "-A"),
+                      ("update", "resourceclaims/status", "-A"), ("patch", "resourceclaims/status", "-A"),
+                      ("list", "pods", "-A"), ("patch", "events", "-n", "default"),
                       ("deletecollection", "resourceslices.resource.k8s.io"),
                       ("patch", "resourceslices.resource.k8s.io"),
                       ("create", "deviceclasses.resource.k8s.io"),

@@ -1,6 +1,7 @@
 """The per-node mode's API reads against a real kube-apiserver: the pods bound to a node and the claims
 they hold, the Node's allocatable, the DRA plugin's slices for the node; and the same reads with the
-chart's accounts (device plugin, DRA plugin, labeller) as granted with dra.enabled."""
+chart's accounts (device plugin, DRA plugin, labeller) as granted with dra.enabled (the DRA plugin
+lists no pods: the kubelet's answer, with the claims list for claims no container holds yet)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import helm_python
 import pytest
 import yaml
 
-from nvdp.daemon.pernode.mode import NodeApi, device_plugin_resources, gpu_pods
+from nvdp.daemon.pernode.mode import KubeletClaim, KubeletPod, NodeApi, device_plugin_resources, gpu_pods
 from nvdp.kube import connect, create_slice, delete_slice, list_node_pods
 from tests.kube.envtest import ControlPlane
 
@@ -118,6 +119,11 @@ def test_allocatable_and_slices_of_a_node(kube_api: ControlPlane) -> None:
     assert api.slices_left() == 0
 
 
+def can_list_pods(plane: ControlPlane, kubeconfig: Path) -> bool:
+    done = plane.kubectl("auth", "can-i", "list", "pods", "-A", kubeconfig=kubeconfig, check=False)
+    return done.stdout.strip() == "yes"
+
+
 @pytest.fixture(scope="module")
 def accounts(kube_api: ControlPlane) -> dict[str, Path]:
     """The chart's accounts and roles for dra.enabled with per-node entries and the labeller; a token
@@ -143,8 +149,25 @@ def test_the_charts_accounts_may_make_the_reads_of_a_switch(kube_api: ControlPla
     kube_api.create_node(node)
     namespace = workload(kube_api, node)
     api = NodeApi(connect(accounts[who]), node, DRIVER)
-    # Every daemon checks the pods (and their claims) before a switch.
-    assert [p.name for p in api.gpu_pods()] == ["claimed", "train"], namespace
+    if who == "DRA plugin":
+        # It lists no pods: the kubelet's pod-resources API says which it runs (here what the kubelet
+        # would answer for the workload: the finished pod not listed, the far one on another node) and
+        # the claims list which claims allocated here no container holds yet.
+        ours = KubeletClaim(namespace, "ours", ((DRIVER, node),))
+        nic = KubeletClaim(namespace, "a-nic", (("nic.example.com", node),))
+        answer = [KubeletPod(namespace, "train", resources=("nvidia.com/gpu",)),
+                  KubeletPod(namespace, "web"), KubeletPod(namespace, "claimed", claims=(ours,)),
+                  KubeletPod(namespace, "nic", claims=(nic,))]
+        assert not can_list_pods(kube_api, accounts[who])
+        api = NodeApi(connect(accounts[who]), node, DRIVER, all_claims=True, kubelet_pods=lambda: answer)
+        assert [p.name for p in api.gpu_pods()] == ["train", "claimed"], namespace
+        assert [p.describe() for p in NodeApi(connect(accounts[who]), node, DRIVER, all_claims=True,
+                                                kubelet_pods=lambda: answer[:2]).gpu_pods()] == [
+            f"{namespace}/train (nvidia.com/gpu)",
+            f"{namespace}/ours (a claim allocated here, no container on the node holds it yet)"]
+    else:
+        # The others check the pods bound to the node (and their claims) through the API.
+        assert [p.name for p in api.gpu_pods()] == ["claimed", "train"], namespace
     if who == "DRA plugin":  # waits for the device plugin to withdraw
         assert "nvidia.com/gpu" not in api.allocatable()
     if who == "device plugin":  # waits for the DRA plugin's slices to go

@@ -78,3 +78,28 @@ the part after '/' must be at most 63 letters, digits, '-', '_' or '.', starting
 {{- define "nvidia-device-plugin.draMpsDir" -}}
 {{- printf "%s/%s" (trimSuffix "/" .Values.mps.root) .Values.dra.driverName -}}
 {{- end }}
+
+{{/*
+"true" when a node may run the DRA plugin with flags.migStrategy dynamic, the one case in which it
+writes claims' status (the UUID of the MIG device a prepare made, in the claim's status.devices): an
+inline config entry that sets it, or an existing ConfigMap (config.name), whose entries the chart
+cannot read and so counts as "maybe". Only then is resourceclaims/status granted (rbac-dra.yaml), with
+the admission policy that confines it to this driver's entries of claims on the plugin's own node
+(admissionpolicy-dra.yaml).
+*/}}
+{{- define "nvidia-device-plugin.draDynamicMigPossible" -}}
+{{- if .Values.dra.enabled -}}
+{{- if .Values.config.name -}}
+true
+{{- else -}}
+{{- $found := false -}}
+{{- range $entry := (include "nvidia-device-plugin.parsedConfigs" . | fromJson).entries -}}
+{{- $flags := get $entry "flags" -}}
+{{- if and (kindIs "map" $flags) (eq (toString (get $flags "migStrategy")) "dynamic") -}}
+{{- $found = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $found -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

@@ -33,3 +33,13 @@ capabilities:
   drop: ["ALL"]
 {{- end -}}
 {{- end -}}
+
+{{/*
+"true" when GPU feature discovery talks to the API server (its token is mounted, its egress opened):
+it labels the Node or writes a NodeFeature object, or it follows the node label between config
+entries. Only NFD's features.d file (gfd.useNodeFeatureAPI false) without a config needs none of it.
+*/}}
+{{- define "nvidia-device-plugin.gfdReadsApi" -}}
+{{- $toFile := and (kindIs "bool" .Values.gfd.useNodeFeatureAPI) (not .Values.gfd.useNodeFeatureAPI) -}}
+{{- if and .Values.gfd.enabled (or (not $toFile) (include "nvidia-device-plugin.hasConfig" .)) -}}true{{- end -}}
+{{- end -}}

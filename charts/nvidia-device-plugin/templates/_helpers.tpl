@@ -212,9 +212,11 @@ an inline config entry sets sharing.mps.
 {{- end -}}
 
 {{/*
-"true" when MIG devices may be advertised: the migStrategy value if set (its env var overrides the
-config file), otherwise any inline entry's flags.migStrategy; an external ConfigMap (config.name)
-cannot be read, so it counts as "maybe".
+"true" when MIG devices may be advertised (the plugin then needs SYS_ADMIN and NVML's MIG monitoring):
+the migStrategy value if set (its env var overrides the config file), otherwise any inline entry whose
+flags.migStrategy is set to something other than "none". An entry without flags.migStrategy runs the
+plugin's default, none: a `flags:` block that only sets, say, plugin.deviceListStrategy is not MIG. An
+external ConfigMap (config.name) cannot be read, so it counts as "maybe".
 */}}
 {{- define "nvidia-device-plugin.migPossible" -}}
 {{- if kindIs "string" .Values.migStrategy -}}
@@ -225,9 +227,9 @@ true
 {{- $found := false -}}
 {{- range $entry := (include "nvidia-device-plugin.parsedConfigs" . | fromJson).entries -}}
 {{- $flags := get $entry "flags" -}}
-{{- if kindIs "map" $flags -}}
+{{- if and (kindIs "map" $flags) (hasKey $flags "migStrategy") -}}
 {{- $mig := get $flags "migStrategy" -}}
-{{- if and (kindIs "string" $mig) (ne $mig "none") -}}
+{{- if and (kindIs "string" $mig) (ne $mig "") (ne $mig "none") -}}
 {{- $found = true -}}
 {{- end -}}
 {{- end -}}
@@ -238,25 +240,27 @@ true
 
 {{/* "true" when devices may be passed as volume mounts (which needs SYS_ADMIN). */}}
 {{- define "nvidia-device-plugin.volumeMountsPossible" -}}
-{{- if or (kindIs "string" .Values.deviceListStrategy) (kindIs "slice" .Values.deviceListStrategy) -}}
-{{- if has "volume-mounts" (include "nvidia-device-plugin.strategyList" .Values.deviceListStrategy | fromJsonArray) -}}true{{- end -}}
-{{- else if .Values.config.name -}}
-true
-{{- else -}}
 {{- $found := false -}}
+{{- if or (kindIs "string" .Values.deviceListStrategy) (kindIs "slice" .Values.deviceListStrategy) -}}
+{{- range (include "nvidia-device-plugin.strategyList" .Values.deviceListStrategy | fromJsonArray) -}}
+{{- if eq (trim .) "volume-mounts" -}}{{- $found = true -}}{{- end -}}
+{{- end -}}
+{{- else if .Values.config.name -}}
+{{- $found = true -}}
+{{- else -}}
 {{- range $entry := (include "nvidia-device-plugin.parsedConfigs" . | fromJson).entries -}}
 {{- $flags := get $entry "flags" -}}
 {{- if kindIs "map" $flags -}}
 {{- $plugin := get $flags "plugin" -}}
 {{- if kindIs "map" $plugin -}}
-{{- if has "volume-mounts" (include "nvidia-device-plugin.strategyList" (get $plugin "deviceListStrategy") | fromJsonArray) -}}
-{{- $found = true -}}
+{{- range (include "nvidia-device-plugin.strategyList" (get $plugin "deviceListStrategy") | fromJsonArray) -}}
+{{- if eq (trim .) "volume-mounts" -}}{{- $found = true -}}{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- if $found -}}true{{- end -}}
-{{- end -}}
 {{- end -}}
 
 {{/*
@@ -266,12 +270,13 @@ entries; an external ConfigMap (config.name) cannot be read, so it counts as "ma
 */}}
 {{- define "nvidia-device-plugin.cdiPossible" -}}
 {{- $cdi := list "cdi-annotations" "cdi-cri" -}}
+{{- $found := false -}}
 {{- if or (kindIs "string" .Values.deviceListStrategy) (kindIs "slice" .Values.deviceListStrategy) -}}
 {{- range (include "nvidia-device-plugin.strategyList" .Values.deviceListStrategy | fromJsonArray) -}}
-{{- if has (trim .) $cdi -}}true{{- end -}}
+{{- if has (trim .) $cdi -}}{{- $found = true -}}{{- end -}}
 {{- end -}}
 {{- else if .Values.config.name -}}
-true
+{{- $found = true -}}
 {{- else -}}
 {{- range $entry := (include "nvidia-device-plugin.parsedConfigs" . | fromJson).entries -}}
 {{- $flags := get $entry "flags" -}}
@@ -279,12 +284,13 @@ true
 {{- $plugin := get $flags "plugin" -}}
 {{- if kindIs "map" $plugin -}}
 {{- range (include "nvidia-device-plugin.strategyList" (get $plugin "deviceListStrategy") | fromJsonArray) -}}
-{{- if has (trim .) $cdi -}}true{{- end -}}
+{{- if has (trim .) $cdi -}}{{- $found = true -}}{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- if $found -}}true{{- end -}}
 {{- end -}}
 
 {{/*
@@ -321,17 +327,76 @@ and the plugin looks for the hook as it does without the chart.
 {{- end -}}
 
 {{/*
-The host directory of the CDI hook to mount read-only at /host-cdi-hook (NVDP_HOST_HOOK_DIR), where the
-plugin checks at start that the hook exists on the host; empty when none is mounted (no CDI strategy,
-or a hook path that is not absolute or cannot be told).
+The CDI hook's host file, mounted read-only (hostPath type File) at /host-cdi-hook/<its name>, where the
+plugin checks at start that the hook exists on the host (NVDP_HOST_HOOK_DIR=/host-cdi-hook; the plugin
+looks for the hook path's base name there). cdiHookPath when absolute, else empty (nothing mounted).
+Only the file: the folder around it (/usr/bin for a host install) holds nothing the plugins read.
+Callers decide whether CDI specs are written at all: the device plugin only with cdiPossible, the DRA
+plugin always.
 */}}
-{{- define "nvidia-device-plugin.cdiHookDir" -}}
-{{- if include "nvidia-device-plugin.cdiPossible" . -}}
+{{- define "nvidia-device-plugin.cdiHookFile" -}}
 {{- $path := include "nvidia-device-plugin.cdiHookPath" . -}}
-{{- if and (hasPrefix "/" $path) (ne (dir $path) "/") -}}
-{{- dir $path -}}
+{{- if and (include "nvidia-device-plugin.cdiHooksNeeded" .) (hasPrefix "/" $path) (ne (clean $path) "/") -}}
+{{- clean $path -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+"true" unless every inline entry leaves all hooks out of its CDI specs (flags.plugin.cdiDisableHooks:
+[all]), when no node needs the hook binary and none is mounted (a node without it would otherwise keep
+the pod from starting). No entries, or config.name (entries unseen): needed.
+*/}}
+{{- define "nvidia-device-plugin.cdiHooksNeeded" -}}
+{{- $entries := (include "nvidia-device-plugin.parsedConfigs" . | fromJson).entries -}}
+{{- $needed := or .Values.config.name (not $entries) -}}
+{{- range $entry := $entries -}}
+{{- $disabled := list -}}
+{{- $flags := get $entry "flags" -}}
+{{- if kindIs "map" $flags -}}
+{{- $plugin := get $flags "plugin" -}}
+{{- if kindIs "map" $plugin -}}
+{{- $disabled = include "nvidia-device-plugin.strategyList" (get $plugin "cdiDisableHooks") | fromJsonArray -}}
+{{- end -}}
+{{- end -}}
+{{- if not (has "all" $disabled) -}}
+{{- $needed = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $needed -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The hook's volume mount and volume, for a container and its pod spec. Call with (dict "file" <the
+cdiHookFile> "part" "mount"|"volume"); renders nothing for an empty file.
+*/}}
+{{- define "nvidia-device-plugin.cdiHookVolume" -}}
+{{- if .file -}}
+{{- if eq .part "mount" -}}
+- name: cdi-hook
+  mountPath: {{ printf "/host-cdi-hook/%s" (base .file) }}
+  readOnly: true
+{{- else -}}
+# The CDI hook binary alone, read-only. A missing file keeps the pod from starting (the kubelet's event
+# names the path: set cdi.nvidiaHookPath to where the hook is on the node).
+- name: cdi-hook
+  hostPath:
+    path: {{ .file }}
+    type: File
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when the device plugin's container gets SYS_ADMIN: MIG may be advertised (NVML's MIG monitoring)
+or devices may be passed as volume mounts.
+*/}}
+{{- define "nvidia-device-plugin.pluginNeedsSysAdmin" -}}
+{{- if or (include "nvidia-device-plugin.migPossible" .) (include "nvidia-device-plugin.volumeMountsPossible" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the plugin container runs privileged: compatWithCPUManager (every device node). */}}
+{{- define "nvidia-device-plugin.pluginPrivileged" -}}
+{{- if and (kindIs "bool" .Values.compatWithCPUManager) .Values.compatWithCPUManager -}}true{{- end -}}
 {{- end -}}
 
 {{/*
@@ -341,9 +406,9 @@ The plugin container's security context: the user's if given; privileged for com
 {{- define "nvidia-device-plugin.securityContext" -}}
 {{- if .Values.securityContext -}}
 {{- toYaml .Values.securityContext -}}
-{{- else if and (kindIs "bool" .Values.compatWithCPUManager) .Values.compatWithCPUManager -}}
+{{- else if include "nvidia-device-plugin.pluginPrivileged" . -}}
 privileged: true
-{{- else if or (include "nvidia-device-plugin.migPossible" .) (include "nvidia-device-plugin.volumeMountsPossible" .) -}}
+{{- else if include "nvidia-device-plugin.pluginNeedsSysAdmin" . -}}
 allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
 capabilities:
@@ -417,4 +482,106 @@ affinity stay as given. As YAML; "" (no affinity) when there is nothing to requi
 {{- $_ := set $affinity "nodeAffinity" $nodeAffinity -}}
 {{- end -}}
 {{- with $affinity }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+
+{{/*
+A container's `resources:` block: `resources` when set (every container, as in NVIDIA's chart), else
+the daemon's own (devicePlugin.resources, mps.resources, gfd.resources, dra.resources, whose defaults
+come from bench/RESULTS.md). Call with (dict "root" $ "own" <the daemon's value>); nothing when both
+are empty.
+*/}}
+{{- define "nvidia-device-plugin.resources" -}}
+{{- with (.root.Values.resources | default .own) -}}
+resources:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The egress rules to the API server, as a NetworkPolicy's `egress:` items:
+- networkPolicy.apiServerCIDRs when set: those addresses, on networkPolicy.apiServerPorts;
+- else looked up at install: the `kubernetes` Service in `default` (its cluster IPs, on its ports: where
+  a pod's connection goes) and its EndpointSlice (the API servers' own addresses, on their ports: where
+  it goes after the Service's address translation, which is what most network plugins check);
+- else (`helm template`, a client-side --dry-run, an installing account that may not read them, no
+  EndpointSlice) the ports of networkPolicy.apiServerPorts to any address, as before this lookup.
+Addresses looked up are those of the install or upgrade; a control plane that moves later needs a
+`helm upgrade` (or apiServerCIDRs covering where it may go).
+*/}}
+{{- define "nvidia-device-plugin.apiServerEgress" -}}
+{{- $cidrs := .Values.networkPolicy.apiServerCIDRs | default list -}}
+{{- $ports := .Values.networkPolicy.apiServerPorts -}}
+{{- if $cidrs }}
+- to:
+    {{- range $cidrs }}
+    - ipBlock:
+        cidr: {{ . | quote }}
+    {{- end }}
+  ports:
+    {{- range $ports }}
+    - port: {{ . }}
+      protocol: TCP
+    {{- end }}
+{{- else }}
+{{- $service := lookup "v1" "Service" "default" "kubernetes" | default dict -}}
+{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" | default dict -}}
+{{- $endpoints := list -}}
+{{- range $endpoint := (get $slice "endpoints" | default list) -}}
+{{- range $address := (get $endpoint "addresses" | default list) -}}
+{{- $endpoints = append $endpoints (printf "%s/%s" $address (ternary "128" "32" (contains ":" $address))) -}}
+{{- end -}}
+{{- end -}}
+{{- $endpointPorts := list -}}
+{{- range (get $slice "ports" | default list) -}}
+{{- if get . "port" -}}{{- $endpointPorts = append $endpointPorts (int (get . "port")) -}}{{- end -}}
+{{- end -}}
+{{- $spec := get $service "spec" | default dict -}}
+{{- $serviceCidrs := list -}}
+{{- range (get $spec "clusterIPs" | default (list (get $spec "clusterIP"))) -}}
+{{- $ip := toString . -}}
+{{- if and $ip (ne $ip "None") (ne $ip "<nil>") -}}
+{{- $serviceCidrs = append $serviceCidrs (printf "%s/%s" $ip (ternary "128" "32" (contains ":" $ip))) -}}
+{{- end -}}
+{{- end -}}
+{{- $servicePorts := list -}}
+{{- range (get $spec "ports" | default list) -}}
+{{- if get . "port" -}}{{- $servicePorts = append $servicePorts (int (get . "port")) -}}{{- end -}}
+{{- end -}}
+{{- if and $endpoints $endpointPorts }}
+{{- if and $serviceCidrs $servicePorts }}
+# The `kubernetes` Service's cluster IPs, found at install.
+- to:
+    {{- range $serviceCidrs }}
+    - ipBlock:
+        cidr: {{ . | quote }}
+    {{- end }}
+  ports:
+    {{- range $servicePorts }}
+    - port: {{ . }}
+      protocol: TCP
+    {{- end }}
+{{- end }}
+# The API servers' own addresses (the `kubernetes` EndpointSlice), found at install.
+- to:
+    {{- range ($endpoints | uniq) }}
+    - ipBlock:
+        cidr: {{ . | quote }}
+    {{- end }}
+  ports:
+    {{- range ($endpointPorts | uniq) }}
+    - port: {{ . }}
+      protocol: TCP
+    {{- end }}
+{{- else }}
+# The API server's addresses were not known at render time (helm template, or no access to the
+# `kubernetes` Service's EndpointSlice): its ports, to any address. Set networkPolicy.apiServerCIDRs
+# to narrow this.
+- ports:
+    {{- range $ports }}
+    - port: {{ . }}
+      protocol: TCP
+    {{- end }}
+{{- end }}
+{{- end }}
 {{- end -}}

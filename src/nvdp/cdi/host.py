@@ -27,7 +27,8 @@ __all__ = [
     "resolve_roots",
 ]  # fmt: skip
 
-# The chart mounts the hook's host folder here (read-only), so the plugin can see that the hook exists.
+# The chart mounts the hook's host file here under its base name (read-only, the file alone), so the
+# plugin can see that the hook exists.
 HOST_HOOK_DIR_ENV = "NVDP_HOST_HOOK_DIR"
 # Where the host's /sys is; the stand-in node points it elsewhere (nvdp.inventory.nvml.SYSFS_ROOT_ENV).
 SYSFS_ROOT_ENV = "NVDP_SYSFS_ROOT"
@@ -74,7 +75,7 @@ def hooks_needed(config: Config) -> bool:
 def check_hook(config: Config, roots: Roots, environ: Mapping[str, str]) -> None:
     """Refuse specs whose hook binary the host does not have (a container would fail to start with
     "fork/exec ...: no such file" long after). The hook runs on the host, so it is looked for as the
-    host sees it: in $NVDP_HOST_HOOK_DIR (the chart mounts its folder there), else under the
+    host sees it: in $NVDP_HOST_HOOK_DIR (the chart mounts the file there), else under the
     container driver root when that is the host's /, else at the path itself."""
     if not hooks_needed(config):
         return

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from nvdp.config.model import Mode
@@ -29,7 +29,7 @@ from nvdp.plugin.prepare import NvmlMissing, Prepared, StartupError, idle, load_
 
 if TYPE_CHECKING:
     from nvdp.config.model import Config
-    from nvdp.daemon.pernode.mode import ModeGate, NodeApi
+    from nvdp.daemon.pernode.mode import KubeletPod, KubeletPods, ModeGate, NodeApi
     from nvdp.daemon.pernode.nodeconfig import Chosen
     from nvdp.health.ledger import Change
     from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 # may hold a resource back for much longer; health checking does not wait for that).
 HEALTH_AFTER_REGISTERING_S = 1.0
 WAITING_FOR_DRA = "waiting for the DRA plugin to delete this node's ResourceSlices"
+# The kubelet's pod-resources socket, as for the DRA plugin (nvdp.dra.kubelet.pod_resources).
+POD_RESOURCES_ENV = "KUBELET_POD_RESOURCES_SOCKET"
 
 
 class DevicePluginWork(DaemonWork):
@@ -245,7 +247,9 @@ class DevicePluginWork(DaemonWork):
 
     def mode_api(self) -> NodeApi | None:
         """The API reads of the mode policy: with per-node config, or beside a DRA plugin (whose slices
-        it waits for); None without a node name or API access."""
+        it waits for); None without a node name or API access. With KUBELET_POD_RESOURCES_SOCKET set
+        (the kubelet's pod-resources socket mounted), the pods using the GPUs come from the kubelet
+        rather than a list of the node's pods through the API server."""
         from nvdp.config.names import node_name
         from nvdp.daemon.pernode.mode import driver_name
 
@@ -256,7 +260,8 @@ class DevicePluginWork(DaemonWork):
         if driver is not None:
             unreachable = ("Cannot read the API server (%s): this node's ResourceSlices of driver "
                            + driver.replace("%", "%%") + " are not checked before advertising")
-        return self.skeleton.api.node_api(node, driver, self.log, unreachable=unreachable)
+        return self.skeleton.api.node_api(node, driver, self.log, unreachable=unreachable,
+                                          kubelet_pods=kubelet_pods(self.env))
 
     # --- the loop and the end --------------------------------------------------------------------
 
@@ -319,3 +324,18 @@ def slices_left(api: NodeApi) -> tuple[str, Callable[[], str | None]] | None:
         return f"{left} ResourceSlice(s) of driver {api.driver} for node {api.node}" if left else None
 
     return "the DRA plugin to delete this node's ResourceSlices", slices
+
+
+def kubelet_pods(env: Mapping[str, str]) -> KubeletPods | None:
+    """The pods from the kubelet's pod-resources API at env KUBELET_POD_RESOURCES_SOCKET; None when
+    unset (the pods bound to the node are then listed through the API server)."""
+    socket_path = env.get(POD_RESOURCES_ENV, "").strip()
+    if not socket_path:
+        return None
+
+    def pods() -> Sequence[KubeletPod]:
+        from nvdp.dra.kubelet.pod_resources import node_pods
+
+        return node_pods(socket_path)
+
+    return pods

@@ -9,7 +9,10 @@ by every daemon from its `switch` (nvdp.daemon.pernode.nodechoice):
   pod runs on the node (`gpu_pods`: not Succeeded/Failed, asking for an `nvidia.com/*` extended
   resource or holding a ResourceClaim allocated from this node's pool of the DRA driver). Otherwise
   it raises `ModeSwitchRefused` (a `ConfigPending`: the rule keeps what runs, reports once and tries
-  again, so the node switches by itself once the pods are gone);
+  again, so the node switches by itself once the pods are gone). A daemon given the kubelet's answer
+  (`KubeletPods`: its pod-resources API, which lists the pods it runs, the devices of device-plugin
+  resources and the claims of each container) asks the kubelet (`kubelet_gpu_pods`), not the API
+  server: no pod list, no claim read; the others list the pods bound to the node through the API;
 - at start nothing of ours runs, so the mode in force is simply taken, without the pods check;
 - without API access a running daemon cannot check for pods: a mode switch then waits for a restart.
 
@@ -40,7 +43,8 @@ from nvdp.daemon.pernode.nodechoice import ConfigPending, ConfigRefused, Report
 if TYPE_CHECKING:
     from nvdp.inventory.model import Inventory
 
-__all__ = ["Mode", "ModeGate", "ModeSwitchRefused", "node_mode"]
+__all__ = ["KubeletClaim", "KubeletPod", "KubeletPods", "Mode", "ModeGate", "ModeSwitchRefused",
+           "node_mode"]
 
 MODES: tuple[Mode, ...] = get_args(Mode)
 DRIVER_ENV = DRA_DRIVER_ENV
@@ -125,7 +129,7 @@ class GpuPod(Struct, frozen=True):
     namespace: str
     name: str
     uses: str  # "nvidia.com/gpu", or "claim <name>"
-    pod: bool = True  # False: a claim allocated here whose pod is not bound yet
+    pod: bool = True  # False: a claim allocated here that no pod on the node holds yet
 
     def describe(self) -> str:
         return f"{self.namespace}/{self.name} ({self.uses})"
@@ -163,6 +167,49 @@ def claim_names(pod: Mapping[str, Any]) -> list[str]:
     extended = status.get("extendedResourceClaimStatus") or {}
     names.append(extended.get("resourceClaimName") or "")
     return list(dict.fromkeys(name for name in names if name))
+
+
+class KubeletClaim(Struct, frozen=True):
+    """A claim a container holds, as the kubelet's pod-resources API names it: the (driver, pool) of
+    each device prepared for it."""
+
+    namespace: str
+    name: str
+    devices: tuple[tuple[str, str], ...] = ()
+
+
+class KubeletPod(Struct, frozen=True):
+    """A pod the kubelet runs (its pod-resources answer, active pods only): the device-plugin resources
+    its containers were given devices of, and the claims they hold."""
+
+    namespace: str
+    name: str
+    resources: tuple[str, ...] = ()
+    claims: tuple[KubeletClaim, ...] = ()
+
+
+# The kubelet's answer, asked once per call (nvdp.dra.kubelet.pod_resources.node_pods); raises when the
+# kubelet cannot be asked.
+KubeletPods = Callable[[], "Sequence[KubeletPod]"]
+
+
+def kubelet_gpu_pods(pods: Iterable[KubeletPod], *, driver: str | None, node: str) -> list[GpuPod]:
+    """The pods the kubelet runs that use this node's GPUs: given devices of an `nvidia.com/*` resource,
+    or holding a claim with a device of `driver` from this node's pool (the pool is the node's name).
+    The kubelet lists only pods it has admitted and not yet finished, so no phase is looked at."""
+    found: list[GpuPod] = []
+    for pod in pods:
+        resources = list(dict.fromkeys(r for r in pod.resources if r.startswith(RESOURCE_PREFIX)))
+        if resources:
+            found.append(GpuPod(pod.namespace, pod.name, ", ".join(resources)))
+            continue
+        if driver is None:
+            continue
+        for claim in pod.claims:
+            if (driver, node) in claim.devices:
+                found.append(GpuPod(pod.namespace, pod.name, f"claim {claim.name}"))
+                break
+    return found
 
 
 def claim_on_node(claim: Mapping[str, Any] | None, *, driver: str, node: str) -> bool:
@@ -237,38 +284,67 @@ def device_plugin_resources(allocatable: Mapping[str, str], planned: Collection[
             if ours(name) and _quantity_above_zero(value)]
 
 
+UNBOUND = "a claim allocated here, its pod not bound yet"
+UNHELD = "a claim allocated here, no container on the node holds it yet"
+
+
 def unbound_claims(claims: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], *, driver: str,
                    node: str) -> list[GpuPod]:
     """Claims allocated from this node's pool that no pod bound to the node references: the scheduler
     allocated them and is binding their pod here (or just did)."""
     referenced = {(str((pod.get("metadata") or {}).get("namespace", "")), claim)
                   for pod in pods for claim in claim_names(pod)}
+    return _claims_left(claims, referenced, driver=driver, node=node, why=UNBOUND)
+
+
+def unheld_claims(claims: Iterable[Mapping[str, Any]], pods: Iterable[KubeletPod], *, driver: str,
+                  node: str) -> list[GpuPod]:
+    """Claims allocated from this node's pool that no container the kubelet runs holds: their pod is on
+    its way (being bound, or admitted and not started), or names the claim in no container."""
+    held = {(claim.namespace, claim.name) for pod in pods for claim in pod.claims}
+    return _claims_left(claims, held, driver=driver, node=node, why=UNHELD)
+
+
+def _claims_left(claims: Iterable[Mapping[str, Any]], seen: Collection[tuple[str, str]], *, driver: str,
+                 node: str, why: str) -> list[GpuPod]:
     found = []
     for claim in claims:
         meta = claim.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        if key not in referenced and claim_on_node(claim, driver=driver, node=node):
-            found.append(GpuPod(*key, "a claim allocated here, its pod not bound yet", pod=False))
+        if key not in seen and claim_on_node(claim, driver=driver, node=node):
+            found.append(GpuPod(*key, why, pod=False))
     return found
 
 
 class NodeApi:
-    """What the mode policy reads from the API server about one node (through nvdp.kube).
+    """What the mode policy reads about one node: from the API server (through nvdp.kube) and, where
+    given, the pods from the kubelet.
 
-    `all_claims`: also list every ResourceClaim, for claims allocated from this node's pool whose pod is
-    not bound yet (the DRA plugin, which may list claims, leaving DRA mode).
+    `kubelet_pods`: the kubelet's pod-resources answer; with it the pods using the GPUs come from the
+    kubelet, and no pod is listed through the API (nor a claim read). Without it, the pods bound to the
+    node are listed through the API and their claims read.
+    `all_claims`: also list every ResourceClaim, for claims allocated from this node's pool that no pod
+    on the node holds yet (the DRA plugin, which may list claims, leaving DRA mode).
     """
 
-    def __init__(self, client: Any, node: str, driver: str | None, *, all_claims: bool = False) -> None:
+    def __init__(self, client: Any, node: str, driver: str | None, *, all_claims: bool = False,
+                 kubelet_pods: KubeletPods | None = None) -> None:
         self.client = client
         self.node = node
         self.driver = driver
         self.all_claims = all_claims
+        self.kubelet_pods = kubelet_pods
 
     def gpu_pods(self) -> list[GpuPod]:
         from nvdp.kube import get_claim, list_claims, list_node_pods
 
         client = self.client
+        if self.kubelet_pods is not None:
+            running = self.kubelet_pods()
+            found = kubelet_gpu_pods(running, driver=self.driver, node=self.node)
+            if self.all_claims and self.driver is not None:
+                found += unheld_claims(list_claims(client), running, driver=self.driver, node=self.node)
+            return found
         pods = list_node_pods(client, self.node)
         found = gpu_pods(pods, lambda ns, name: get_claim(client, ns, name), driver=self.driver,
                          node=self.node)
@@ -297,7 +373,8 @@ def _api_problem(err: Exception) -> str:
     failure = classify(err)
     if failure.kind == "status" and failure.code == 403:
         return (f"{failure.code} {failure.detail}: the service account lacks a right the chart grants with "
-                "dra.enabled (pods list, resourceclaims get, resourceslices list, nodes get)")
+                "dra.enabled (pods list, or for the DRA plugin resourceclaims list; resourceclaims get, "
+                "resourceslices list, nodes get)")
     return f"{failure.code} {failure.detail}" if failure.kind == "status" else failure.detail
 
 

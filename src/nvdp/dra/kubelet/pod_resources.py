@@ -8,6 +8,12 @@ claims it uses (`dynamic_resources`). `claims_in_use` makes one such call; `held
 uses of one claim out of the answer. A pod being deleted stays listed, claims included, until its
 containers have stopped (seen on kubelet 1.36.2 with a container that outlasts its grace period).
 
+The same answer says which pods use the node's GPUs before a mode switch (`node_pods`, read by
+nvdp.daemon.pernode.mode): the devices of device-plugin resources (`devices`, `nvidia.com/gpu` ...)
+and the claims with the driver and pool of each device. The kubelet lists the pods it has admitted
+and not finished (its active pods; regular containers and restartable init containers),
+so nothing cluster-wide is read and no pod's spec or environment is seen.
+
 The kubelet fills `dynamic_resources` only with its `KubeletPodResourcesDynamicResources` feature gate
 on: alpha and off by default in 1.27-1.33, beta and on by default since 1.34 (Kubernetes'
 `pkg/features/kube_features.go`; the feature-gate reference agrees). A kubelet with the gate off
@@ -24,6 +30,7 @@ from typing import Any
 import msgspec
 
 from nvdp.daemon.grpc_import import grpc
+from nvdp.daemon.pernode.mode import KubeletClaim, KubeletPod
 from nvdp.dra.kubelet.api import podresources_v1_pb2 as pb
 from nvdp.dra.kubelet.api import podresources_v1_pb2_grpc as _pb_grpc
 
@@ -31,6 +38,8 @@ from nvdp.dra.kubelet.api import podresources_v1_pb2_grpc as _pb_grpc
 pb_grpc: Any = _pb_grpc
 
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+# Where the chart tells a plugin the socket is (mounted read-only from the node).
+POD_RESOURCES_ENV = "KUBELET_POD_RESOURCES_SOCKET"
 
 # A busy node's answer can pass gRPC's default 4 MiB limit; Kubernetes' node tests and the usual
 # pod-resources clients (monitoring agents) allow 16 MiB.
@@ -57,7 +66,7 @@ class PodResourcesUnavailable(Exception):
     """The kubelet's pod-resources API could not be asked; the message names the socket, why and the fix."""
 
     def __init__(self, socket_path: str, cause: str) -> None:
-        super().__init__(f"cannot list the claims in use through {socket_path}: {cause}; {_FIX}")
+        super().__init__(f"cannot ask the kubelet's pod-resources API at {socket_path}: {cause}; {_FIX}")
         self.socket_path = socket_path
         self.cause = cause
 
@@ -68,6 +77,17 @@ def claims_in_use(socket_path: str = POD_RESOURCES_SOCKET, timeout_s: float = 5.
     One List call within `timeout_s`. Any failure raises PodResourcesUnavailable: the caller cannot
     tell "no container holds it" from "could not ask", so it must not release anything then.
     """
+    return _uses(_list(socket_path, timeout_s))
+
+
+def node_pods(socket_path: str = POD_RESOURCES_SOCKET, timeout_s: float = 5.0) -> tuple[KubeletPod, ...]:
+    """Every pod the kubelet on `socket_path` runs, with the device-plugin resources its containers were
+    given devices of and the claims they hold (each with the driver and pool of its devices), in the
+    kubelet's order. One List call within `timeout_s`; any failure raises PodResourcesUnavailable."""
+    return _pods(_list(socket_path, timeout_s))
+
+
+def _list(socket_path: str, timeout_s: float) -> pb.ListPodResourcesResponse:
     try:
         # A fresh channel per call and no shared subchannel: a kubelet that re-created its socket
         # must not be reached through a connection still backing off from the old one.
@@ -78,11 +98,11 @@ def claims_in_use(socket_path: str = POD_RESOURCES_SOCKET, timeout_s: float = 5.
         ) as channel:
             # No wait_for_ready: a missing socket or a refused connection fails at once (UNAVAILABLE)
             # rather than using up the whole deadline.
-            answer = pb_grpc.PodResourcesListerStub(channel).List(
+            answer: pb.ListPodResourcesResponse = pb_grpc.PodResourcesListerStub(channel).List(
                 pb.ListPodResourcesRequest(), timeout=timeout_s)
     except grpc.RpcError as err:
         raise PodResourcesUnavailable(socket_path, _cause(err, timeout_s)) from err
-    return _uses(answer)
+    return answer
 
 
 def held_by_pods(uses: Iterable[ClaimUse], namespace: str, name: str) -> tuple[ClaimUse, ...]:
@@ -104,6 +124,27 @@ def _uses(answer: pb.ListPodResourcesResponse) -> tuple[ClaimUse, ...]:
                     container=container.name,
                 )] = None
     return tuple(uses)
+
+
+def _pods(answer: pb.ListPodResourcesResponse) -> tuple[KubeletPod, ...]:
+    pods: list[KubeletPod] = []
+    for pod in answer.pod_resources:
+        resources: dict[str, None] = {}
+        claims: dict[tuple[str, str], dict[tuple[str, str], None]] = {}
+        for container in pod.containers:
+            for devices in container.devices:
+                if devices.device_ids:
+                    resources[devices.resource_name] = None
+            for claim in container.dynamic_resources:
+                key = (claim.claim_namespace or pod.namespace, claim.claim_name)
+                held = claims.setdefault(key, {})
+                for resource in claim.claim_resources:
+                    held[(resource.driver_name, resource.pool_name)] = None
+        pods.append(KubeletPod(
+            namespace=pod.namespace, name=pod.name, resources=tuple(resources),
+            claims=tuple(KubeletClaim(namespace=ns, name=name, devices=tuple(held))
+                         for (ns, name), held in claims.items())))
+    return tuple(pods)
 
 
 def _cause(err: grpc.RpcError, timeout_s: float) -> str:
