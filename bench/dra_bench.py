@@ -124,8 +124,8 @@ def dra_plugin(work: Path, inventory: Inventory, claims: Mapping[tuple[str, str]
     from nvdp.cdi.host import discover_host
     from nvdp.config.model import Config, Flags, PluginFlags
     from nvdp.dra.claims.cdi_specs import ClaimSpecWriter
+    from nvdp.dra.claims.check import NodeView
     from nvdp.dra.claims.preparer import ClaimPreparer
-    from nvdp.dra.claims.view import NodeView
     from nvdp.dra.kubelet.server import DraServer
 
     root, proc = _cdi_node(work, inventory)

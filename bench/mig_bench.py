@@ -10,7 +10,10 @@ prepares one claim for each of 3g.40gb (placement 0), 2g.20gb (4) and 1g.10gb (6
 three. The time inside NVML's create and destroy calls is measured apart, so nvdp's share is the rest.
 
 **Pool** is what `nvdp.dra.pool.contents` publishes for 8 such GPUs: slices, devices, counter sets, and the
-largest slice's JSON size, against the API's limits.
+largest slice's JSON size, against the API's limits. **Offered profiles** compares that pool with the one
+`flags.migDynamicProfiles: [1g.10gb, 3g.40gb]` gives (`--profiles` for another list): devices, slices and
+the bytes the node's slices hold (what the API server stores and the scheduler converts for every node
+it checks).
 
 The prepare part re-runs itself in a process whose NVML is the stand-in (the library is found by
 LD_LIBRARY_PATH at process start). Exit status 0 with the tables.
@@ -42,10 +45,10 @@ CLAIMS = (("big", "gpu-0-mig-3g40gb-9-0"), ("mid", "gpu-0-mig-2g20gb-14-4"),
 def child(rounds: int) -> dict[str, Any]:
     """In the stand-in's process: the prepare rounds; their times, as JSON-able lists."""
     from nvdp.config.loader import load_config
+    from nvdp.dra.claims.check import NodeView
     from nvdp.dra.claims.mig import ClaimInstances
     from nvdp.dra.claims.preparer import ClaimPreparer
     from nvdp.dra.claims.records import ClaimRef
-    from nvdp.dra.claims.view import NodeView
     from nvdp.dra.pool.contents import pool_devices
     from nvdp.dra.pool.devices import by_name
     from nvdp.inventory.mig_control import MigControl
@@ -131,19 +134,24 @@ def prepare_rows(rounds: int) -> list[tuple[str, ...]]:
     return rows
 
 
-def pool_rows() -> list[tuple[str, ...]]:
+def _eight_h100s() -> Any:
     from msgspec.structs import replace
 
-    from nvdp.config.loader import load_config
-    from nvdp.dra.pool.contents import pool_devices
-    from nvdp.dra.pool.slices import desired_slices
     from nvdp.inventory.model import Inventory
     from nvdp.inventory.profile import load_profile
     from sim.nvml import resolve_profile
 
     one = load_profile(resolve_profile("h100-mig-dynamic")).gpus[0]
     gpus = tuple(replace(one, index=i, minor=i, uuid=f"{one.uuid[:-2]}{i:02d}") for i in range(8))
-    inventory = Inventory(driver_version="580.159.04", cuda_driver_version="13.0", gpus=gpus)
+    return Inventory(driver_version="580.159.04", cuda_driver_version="13.0", gpus=gpus)
+
+
+def pool_rows() -> list[tuple[str, ...]]:
+    from nvdp.config.loader import load_config
+    from nvdp.dra.pool.contents import pool_devices
+    from nvdp.dra.pool.slices import desired_slices
+
+    inventory = _eight_h100s()
     config = load_config(None, {}, {"flags.migStrategy": "dynamic", "flags.mode": "dra"})
     devices = pool_devices(config, inventory)
     slices = desired_slices(node="node-a", node_uid="uid", driver="gpu.nvidia.com", devices=devices)
@@ -166,17 +174,52 @@ def pool_rows() -> list[tuple[str, ...]]:
     ]
 
 
+def offered_rows(profiles: list[str]) -> list[tuple[str, ...]]:
+    """The node's slices with every profile and with `profiles` only: devices, slices, bytes."""
+    from nvdp.config.loader import load_config
+    from nvdp.dra.pool.contents import pool_devices
+    from nvdp.dra.pool.slices import desired_slices
+
+    inventory = _eight_h100s()
+    columns = []
+    for offered in (None, profiles):
+        overrides: dict[str, object] = {"flags.migStrategy": "dynamic", "flags.mode": "dra"}
+        if offered is not None:
+            overrides["flags.migDynamicProfiles"] = offered
+        devices = pool_devices(load_config(None, {}, overrides), inventory)
+        slices = desired_slices(node="node-a", node_uid="uid", driver="gpu.nvidia.com", devices=devices)
+        # As the API server stores them (compact JSON), metadata as the plugin writes it.
+        sizes = [len(json.dumps(s, separators=(",", ":"))) for s in slices]
+        columns.append((len(devices), len(slices), sum(sizes), max(sizes)))
+    (d0, s0, b0, m0), (d1, s1, b1, m1) = columns
+    return [
+        ("8 x H100 80GB, migStrategy dynamic", "every profile", f"[{', '.join(profiles)}]", "saved"),
+        ("devices", str(d0), str(d1), f"{1 - d1 / d0:.0%}"),
+        ("slices", str(s0), str(s1), str(s0 - s1)),
+        ("the node's slices, JSON bytes", str(b0), str(b1), f"{1 - b1 / b0:.0%}"),
+        ("largest slice, JSON bytes", str(m0), str(m1), f"{1 - m1 / m0:.0%}"),
+        ("... for 50 / 200 / 500 such nodes, MB", " / ".join(f"{b0 * n / 1e6:.1f}" for n in (50, 200, 500)),
+         " / ".join(f"{b1 * n / 1e6:.1f}" for n in (50, 200, 500)), ""),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     if os.environ.get(MARK):
         print(json.dumps(child(int(os.environ[MARK]))))
         return 0
     parser = argparse.ArgumentParser(description="Benchmark dynamic MIG: prepare with MIG devices, pools.")
     parser.add_argument("--rounds", type=int, default=200, help="rounds of three claims (default 200)")
+    parser.add_argument("--profiles", default="1g.10gb,3g.40gb",
+                        help="comma list of the offered profiles to compare (default %(default)s)")
+    parser.add_argument("--pool-only", action="store_true", help="the pool tables only, no prepare rounds")
     args = parser.parse_args(argv)
     print(f"load average: {load_average()}")
-    print_rows(prepare_rows(args.rounds))
-    print()
+    if not args.pool_only:
+        print_rows(prepare_rows(args.rounds))
+        print()
     print_rows(pool_rows())
+    print()
+    print_rows(offered_rows([p.strip() for p in args.profiles.split(",") if p.strip()]))
     print(f"load average: {load_average()}")
     return 0
 

@@ -20,7 +20,12 @@ library. The story, each step on the one before:
 6. an XID on the GPU reaches the MIG claims' pods (Unhealthy in their status), and clears.
 7. a MIG device made behind the plugin's back over a published placement: a claim allocated that
    placement fails to prepare with NVML's cause and the fix, leaving nothing half-made.
-8. uninstall.
+8. the kit's control plane is v1.36.2, older than the scheduler fix: each of the three plugin starts
+   logged one scale WARNING and recorded one DynamicMigSchedulerCost Event. `flags.migDynamicProfiles:
+   [1g.10gb, 3g.40gb]` (helm upgrade, read by the running plugin: no further warning): the pool holds 10
+   devices (7 + 2 placements and the whole GPU); a 3g.40gb claim runs, a 2g.20gb claim stays Pending
+   with the scheduler's reason.
+9. uninstall.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ PROFILE = "h100-mig-dynamic"
 H100_DRIVER_VERSION = "580.159.04"  # sim/profiles/h100-mig-dynamic.yaml
 CLAIM_SPEC_PREFIX = "/var/run/cdi/k8s.gpu.nvidia.com-claim_"
 CONFIG = "version: v1\nflags:\n  migStrategy: dynamic\n  mode: dra\n"
+OFFERED = "  migDynamicProfiles: [1g.10gb, 3g.40gb]\n"
 POD_READY_S = 120
 METRICS_PORT = 9445  # the chart's metrics.port
 
@@ -439,6 +445,70 @@ def test_a_foreign_mig_device_fails_the_prepare_with_the_cause(
     gi = next(m["gi_id"] for m in live() if m["uuid"] == uuid or uuid is None)
     sim_mig("destroy", "--uuid", gpu_uuid(), "--gi-id", str(gi))
     assert live() == []
+
+
+def whole_log(cluster: Cluster, release: Release) -> str:
+    selector = f"{release.selector},app.kubernetes.io/component=dra-plugin"
+    return cluster.logs(release.namespace, selector, 100000)
+
+
+def scale_events(cluster: Cluster) -> list[dict[str, Any]]:
+    found = cluster.kubectl_json("get", "events", "-n", "default", "--field-selector",
+                                 f"involvedObject.name={cluster.node},reason=DynamicMigSchedulerCost")["items"]
+    return list(found)
+
+
+def test_a_profile_list_offers_those_profiles_only(cluster: Cluster, release: Release, host: HostSetup,
+                                                  mig_images: Images, timings: Timings) -> None:
+    from nvdp.dra.pool.scale import scale_warning
+
+    # The kit's API server is v1.36.2: each plugin start so far (install, two restarts) warned once.
+    message = scale_warning("v1.36.2", (1, 36, 2), 26)
+    assert message is not None and whole_log(cluster, release).count(message) == 1
+    before = scale_events(cluster)
+    assert len(before) == 3 and {e["message"] for e in before} == {message}, before
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.yaml"
+        path.write_text(CONFIG + OFFERED)
+        running = {p["metadata"]["name"] for p in release.pods("dra-plugin")}
+        with timings.measure(SCENARIO, "helm upgrade (migDynamicProfiles) -> the pool of 10 devices"):
+            release.upgrade(*values(host, path))
+            cluster.refresh_config_volumes(release.namespace, release.selector)
+
+            def offered() -> list[str] | None:
+                devices = [d["name"] for s in slices(cluster) for d in s["spec"].get("devices") or []]
+                return devices if len(devices) == 10 else None
+
+            devices, _ = cluster.wait_for("the pool of the offered profiles", offered, 90,
+                                          diagnose=lambda: plugin_log(cluster, release))
+    assert sorted(devices) == sorted(["gpu-0", *(f"gpu-0-mig-1g10gb-19-{i}" for i in range(7)),
+                                      "gpu-0-mig-3g40gb-9-0", "gpu-0-mig-3g40gb-9-4"])
+    (counters,) = [s for s in slices(cluster) if s["spec"].get("sharedCounters")]
+    assert len(counters["spec"]["sharedCounters"][0]["counters"]) == 10  # the GPU's, unchanged
+    # The same plugin start read the new config: no second warning, no second Event.
+    assert {p["metadata"]["name"] for p in release.pods("dra-plugin")} == running
+    assert len(scale_events(cluster)) == 3 and whole_log(cluster, release).count("kube-scheduler before") == 1
+    seconds = run_ready(cluster, release, mig_images, "offered", "mig-3g-40gb")
+    timings.add(SCENARIO, "offered profile (3g.40gb) claim -> pod Ready", seconds)
+    cluster.apply(pod("not-offered", mig_images.plugin, "mig-2g-20gb"))
+    _, seconds = cluster.wait_for("the 2g.20gb pod unschedulable",
+                                  lambda: unschedulable(cluster, "not-offered"), 60,
+                                  diagnose=diagnose(cluster, release, "not-offered"))
+    timings.add(SCENARIO, "profile not offered (2g.20gb) claim -> pod Unschedulable", seconds)
+
+    def reason() -> str | None:
+        found = cluster.kubectl_json("get", "events", "-n", NAMESPACE, "--field-selector",
+                                     "involvedObject.name=not-offered,reason=FailedScheduling")["items"]
+        return next((str(e["message"]) for e in found), None)
+
+    said, _ = cluster.wait_for("the scheduler's reason", reason, 30)
+    print(f"the scheduler on the 2g.20gb pod: {said}")
+    assert "cannot allocate all claims" in said, said
+    assert not ready(cluster, "not-offered") and [m["profile"] for m in live()] == ["3g.40gb"]
+    for name in ("not-offered", "offered"):
+        delete_pod(cluster, name)
+    cluster.wait_for("every MIG device destroyed", lambda: live() == [], 60,
+                     diagnose=lambda: plugin_log(cluster, release))
 
 
 def test_uninstall(cluster: Cluster, release: Release) -> None:

@@ -258,3 +258,43 @@ def test_an_unreachable_api_server_is_a_report_line(tmp_path: Path, a100: Invent
     assert finding.status == "FAIL"
     assert finding.detail.startswith("cannot list ResourceSlices: unreachable:")
     assert "API server address" in finding.fix
+
+
+# --- dynamic MIG at cluster scale ----------------------------------------------------------------------
+
+
+def scale_finding(kube_api: ControlPlane, node: str, env: dict[str, str] | None = None,
+                  profiles: list[str] | None = None) -> Finding:
+    from nvdp.config.loader import load_config
+
+    overrides: dict[str, object] = {"flags.migStrategy": "dynamic", "flags.mode": "dra"}
+    if profiles is not None:
+        overrides["flags.migDynamicProfiles"] = profiles
+    h100 = load_profile(PROFILES / "h100-mig-dynamic.yaml")
+    doctor = Node({"DRA_DRIVER_NAME": DRIVER, **(env or {})}, h100, node, str(kube_api.admin_kubeconfig))
+    doctor.config = load_config(None, {}, overrides)
+    return by_check(doctor.dra())["dra-mig-scale"]
+
+
+def test_dynamic_mig_on_a_control_plane_without_the_fix_fails_with_the_plugins_words(
+        kube_api: ControlPlane, node_name: str) -> None:
+    from nvdp.dra.pool.scale import scale_warning
+
+    finding = scale_finding(kube_api, node_name)  # the kit's kube-apiserver reports v1.36.2
+    assert finding.status == "FAIL"
+    assert finding.detail == scale_warning("v1.36.2", (1, 36, 2), 26)
+    assert "1.37.0" in finding.fix and "flags.migDynamicProfiles" in finding.fix
+    fewer = scale_finding(kube_api, node_name, profiles=["1g.10gb", "3g.40gb"])
+    assert fewer.status == "FAIL" and "publishes 10 partitionable devices" in fewer.detail
+
+
+def test_dynamic_mig_silenced_or_on_a_fixed_control_plane_passes(kube_api: ControlPlane, node_name: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvdp.kube.version import parse_version
+
+    quiet = scale_finding(kube_api, node_name, {"NVDP_DYNAMIC_MIG_SCALE_WARNING": "false"})
+    assert quiet.status == "PASS" and "dra.dynamicMigScaleWarning" in quiet.detail
+    monkeypatch.setattr("nvdp.kube.get_server_version",
+                        lambda _client: parse_version({"gitVersion": "v1.37.2"}))
+    fixed = scale_finding(kube_api, node_name)
+    assert fixed.status == "PASS" and "Kubernetes v1.37.2 has the scheduler's" in fixed.detail

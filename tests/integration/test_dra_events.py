@@ -33,12 +33,12 @@ PARAMS = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
 
 
 def run_plugin(plane: ControlPlane, node: str, tmp_path: Path, folder: Path, sim: NodeSim,
-               kubeconfig: Path | None = None) -> Daemon:
+               kubeconfig: Path | None = None, extra: dict[str, str] | None = None) -> Daemon:
     cdi = make_cdi_node(tmp_path / "cdi-node", sim.inventory)
     env = {**clean_env(), **sim.env, **cdi.env, "NODE_NAME": node, "PYTHONUNBUFFERED": "1",
            "KUBECONFIG": str(kubeconfig or plane.admin_kubeconfig), "CDI_ROOT": str(cdi.cdi_dir),
            "KUBELET_PLUGINS_DIR": str(folder / "plugins"), "KUBELET_REGISTRAR_DIR": str(folder / "registry"),
-           "NVDP_DEFAULT_MODE": "dra"}
+           "NVDP_DEFAULT_MODE": "dra", **(extra or {})}
     return Daemon([sys.executable, "-m", "nvdp.dra.main"], env, tmp_path / "dra.log")
 
 
@@ -149,3 +149,41 @@ def test_publishing_refused_until_rbac_allows_it_is_one_event_on_the_node(
         finally:
             code = daemon.stop()
     assert code == 0, daemon.log
+
+
+def test_dynamic_mig_without_the_scheduler_fix_is_one_warning_and_one_event_per_start(
+        kube_api: ControlPlane, tmp_path: Path, sockets: Path) -> None:  # noqa: F811
+    """The throwaway kube-apiserver is the kit's, v1.36.2: older than the scheduler fix (1.37.0)."""
+    import signal
+
+    from nvdp.dra.pool.scale import SCALE_EVENT, scale_warning
+
+    node = f"gpu-{uuid.uuid4().hex[:8]}"
+    kube_api.create_node(node)
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\nflags:\n  migStrategy: dynamic\n  mode: dra\n")
+    message = scale_warning("v1.36.2", (1, 36, 2), 26)
+    assert message is not None
+    with NodeSim("h100-mig-dynamic", tmp_path / "nvml") as sim:
+        for start in (1, 2):
+            (tmp_path / f"start-{start}").mkdir()
+            daemon = run_plugin(kube_api, node, tmp_path / f"start-{start}", sockets, sim,
+                                extra={"CONFIG_FILE": str(config)})
+            try:
+                daemon.wait_for("Registration socket for")
+                daemon.wait_for(message)
+                daemon.proc.send_signal(signal.SIGHUP)  # the same start: read again, not warned again
+                daemon.wait_for("reloading the configuration")
+                daemon.wait_for("Devices: ", count=2)
+                eventually(partial(lambda n: len(events(kube_api, "default", node, SCALE_EVENT)) == n, start),
+                           f"the Event of start {start}")
+                time.sleep(1)  # any further Event or log line would be written by now
+                assert daemon.log.count(message) == 1, daemon.log
+                assert "WARNING" in daemon.log.split(message)[0].splitlines()[-1]
+            finally:
+                code = daemon.stop()
+            assert code == 0, daemon.log
+    found = events(kube_api, "default", node, SCALE_EVENT)
+    assert len(found) == 2 and all(e["message"] == message and e["type"] == "Warning" for e in found)
+    assert {e["involvedObject"]["kind"] for e in found} == {"Node"}
+    assert {e["source"]["component"] for e in found} == {"nvidia-dra-plugin"}

@@ -299,3 +299,20 @@ def test_410_gone_starts_over_with_a_fresh_get(caplog: pytest.LogCaptureFixture)
     assert client.gets == 2 and client.watches == ["7", "7"]
     assert [s[CONFIG_LABEL] for s in seen.states] == ["a", "b"]
     assert any("410 Expired: too old resource version" in r.getMessage() for r in caplog.records)
+
+
+# -- the API server's version ------------------------------------------------------------------------
+def test_the_server_version_is_read_by_any_service_account(kube_api: ControlPlane) -> None:
+    """GET /version needs no RBAC of the chart's: every authenticated identity may read it."""
+    import subprocess
+
+    from nvdp.kube import get_server_version
+
+    binary = kube_api.assets / "kube-apiserver"
+    shown = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=True).stdout
+    expected = shown.split()[-1]  # "Kubernetes v1.36.2"
+    account = kube_api.service_account_kubeconfig("default", unique("version-reader"))
+    for kubeconfig in (kube_api.admin_kubeconfig, account):
+        found = get_server_version(connect(kubeconfig))
+        assert found.text == expected and found.release is not None
+        assert ".".join(str(n) for n in found.release) == expected.removeprefix("v").split("-")[0]

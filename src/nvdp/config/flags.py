@@ -33,6 +33,8 @@ BOOL_FLAGS = frozenset(
 )
 _HELP = {
     "--mig-strategy": "none, single or mixed (env MIG_STRATEGY)",
+    "--mig-dynamic-profiles": "migStrategy dynamic: comma list of the MIG profiles (1g.10gb) or placements "
+    "(3g.40gb@4) a node publishes; default every profile (env MIG_DYNAMIC_PROFILES)",
     "--fail-on-init-error": "exit when NVML cannot be initialised (env FAIL_ON_INIT_ERROR)",
     "--mps-root": "host directory shared with the MPS control daemon (env MPS_ROOT)",
     "--driver-root": "host path of the NVIDIA driver (env NVIDIA_DRIVER_ROOT)",

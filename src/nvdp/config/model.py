@@ -90,6 +90,9 @@ class GfdFlags(Struct, frozen=True):
 
 class Flags(Struct, frozen=True):
     mig_strategy: MigStrategy = "none"
+    # migStrategy dynamic: the MIG profiles ("1g.10gb") or single placements ("3g.40gb@4") a node
+    # publishes; None: every profile NVML reports (nvdp.dra.pool.partitions.Offers).
+    mig_dynamic_profiles: tuple[str, ...] | None = None
     fail_on_init_error: bool = True
     # NVIDIA's binary defaults to "" but its chart always sets this; MPS cannot work without one.
     mps_root: str = "/run/nvidia/mps"

@@ -79,6 +79,18 @@ def semantic_issues(doc: Mapping[Any, Any], locate: Locate) -> list[ConfigIssue]
             "dynamic",
             "set flags.mode: dra (with the chart's dra.enabled=true), or use migStrategy single or mixed",
         )
+    strategy = flags.get("migStrategy", Flags().mig_strategy)
+    # Only where one source sets both: a daemon whose environment sets another strategy (the chart's
+    # migStrategy value, for the device plugin and the labeller) reads the same entry and ignores the list.
+    if ("migDynamicProfiles" in flags and strategy != "dynamic"
+            and locate(("flags", "migStrategy"))[0] == locate(("flags", "migDynamicProfiles"))[0]):
+        add(
+            ("flags", "migDynamicProfiles"),
+            "migDynamicProfiles applies to migStrategy dynamic only, and migStrategy is "
+            f"{show_value(strategy)}",
+            None,
+            "set flags.migStrategy: dynamic (DRA mode), or remove flags.migDynamicProfiles",
+        )
     if isinstance(sharing.get("mps"), Mapping):
         if flags.get("migStrategy") == "mixed":
             mig_source, _ = locate(("flags", "migStrategy"))

@@ -19,6 +19,7 @@ CONFIG_FILE_ENV = "CONFIG_FILE"
 ENV_VARS: Mapping[str, str] = {
     CONFIG_FILE_ENV: "",
     "MIG_STRATEGY": "flags.migStrategy",
+    "MIG_DYNAMIC_PROFILES": "flags.migDynamicProfiles",
     "FAIL_ON_INIT_ERROR": "flags.failOnInitError",
     "MPS_ROOT": "flags.mpsRoot",
     "NVIDIA_DRIVER_ROOT": "flags.nvidiaDriverRoot",
@@ -53,6 +54,7 @@ ENV_VARS: Mapping[str, str] = {
 # Command-line flag (its main name) -> dotted config path; aliases are declared in flags.py.
 FLAG_PATHS: Mapping[str, str] = {
     "--mig-strategy": "flags.migStrategy",
+    "--mig-dynamic-profiles": "flags.migDynamicProfiles",
     "--fail-on-init-error": "flags.failOnInitError",
     "--mps-root": "flags.mpsRoot",
     "--driver-root": "flags.nvidiaDriverRoot",

@@ -164,24 +164,79 @@ class DraChecks:
             dra_slices(node, self.where.node_name, self.dra_kubeconfig, self.inventory, self.config),
         ]
         if self.config.flags.mig_strategy == "dynamic" and self.inventory is not None:
-            found.append(dynamic_mig(self.inventory, node))
+            found.append(dynamic_mig(self.inventory, node, self.config))
+            found.append(dynamic_mig_scale(self.config, self.inventory, node, self.where.env,
+                                           self.dra_kubeconfig))
         return found
 
 
-def dynamic_mig(inventory: Inventory, node: DraNode) -> Finding:
+def dynamic_mig(inventory: Inventory, node: DraNode, config: Config | None = None) -> Finding:
     """migStrategy dynamic: whether every MIG-capable GPU can have MIG devices made on demand (MIG mode
     on, or switchable without a reset), and MIG devices the plugin did not make; the plugin's own
     words (nvdp.dra.pool.contents.dynamic_warnings)."""
     from nvdp.dra.claims.checkpoint import read_owned_mig
     from nvdp.dra.pool.contents import dynamic_warnings, foreign_instances
-    from nvdp.dra.pool.partitions import partitions_published
+    from nvdp.dra.pool.partitions import Offers, partitions_published
 
     title = "Dynamic MIG"
-    warnings = dynamic_warnings(inventory, foreign_instances(inventory, read_owned_mig(node.checkpoint).owns))
+    offers = Offers(config.flags.mig_dynamic_profiles if config is not None else None)
+    warnings = dynamic_warnings(inventory, foreign_instances(inventory, read_owned_mig(node.checkpoint).owns),
+                                offers)
     if warnings:
         return failed("dra-mig", title, " ".join(warnings), "the fix is named with each GPU above")
     ready = [g.index for g in inventory.gpus if partitions_published(g)]
     return passed("dra-mig", title, f"MIG devices are made on demand on GPU(s) {ready or 'none'}")
+
+
+SCALE_TITLE = "the cluster's scheduler copes with dynamic MIG"
+
+
+def dynamic_mig_scale(config: Config, inventory: Inventory, node: DraNode, env: Mapping[str, str],
+                      kubeconfig: str | None) -> Finding:
+    """migStrategy dynamic: whether the control plane's kube-scheduler has the partitionable-devices fix,
+    by the API server's version; the DRA plugin's own warning (nvdp.dra.pool.scale) where it lacks it."""
+    from nvdp.dra.claims.checkpoint import read_owned_mig
+    from nvdp.dra.pool.contents import pool_devices
+    from nvdp.dra.pool.scale import (
+        SCHEDULER_FIX_TEXT,
+        SILENCE_ENV,
+        SILENCE_VALUE,
+        in_force,
+        scale_warning,
+        silenced,
+    )
+    from nvdp.kube import KubeConnectError, classify, connect, get_server_version
+    from nvdp.plan import PlanError
+
+    check = "dra-mig-scale"
+    try:
+        count = in_force(config, "dra", pool_devices(config, inventory, read_owned_mig(node.checkpoint).owns))
+    except PlanError as err:
+        return skipped(check, SCALE_TITLE, f"the config cannot be applied to this node's GPUs: {err}")
+    if not count:
+        return passed(check, SCALE_TITLE, "this node publishes no shared counters (no MIG-capable GPU)")
+    if silenced(env):
+        return passed(check, SCALE_TITLE, f"not checked: {SILENCE_ENV}=false ({SILENCE_VALUE})")
+    try:
+        version = get_server_version(connect(kubeconfig))
+    except KubeConnectError as err:
+        return skipped(check, SCALE_TITLE, f"cannot read the API server's version: {err}")
+    except Exception as err:  # every API failure is a report line
+        failure = classify(err)
+        return skipped(check, SCALE_TITLE, f"cannot read the API server's version ({failure.kind}: "
+                                           f"{failure.detail})")
+    message = scale_warning(version.text, version.release, count)
+    if message is not None:
+        return failed(check, SCALE_TITLE, message,
+                      f"upgrade the control plane to Kubernetes {SCHEDULER_FIX_TEXT} or later; or list fewer "
+                      "profiles in flags.migDynamicProfiles; or, on a small cluster, set "
+                      f"{SILENCE_VALUE}=false")
+    if version.release is None:
+        return skipped(check, SCALE_TITLE, f"the API server reports version {version.text!r}, which nvdp "
+                                           "does not read")
+    return passed(check, SCALE_TITLE, f"Kubernetes {version.text} has the scheduler's partitionable-devices "
+                                      f"fix ({SCHEDULER_FIX_TEXT} or later); {count} partitionable devices "
+                                      "here")
 
 
 # --- registration --------------------------------------------------------------------------------------

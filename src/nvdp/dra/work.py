@@ -29,6 +29,7 @@ from nvdp.dra.claims.checkpoint import CHECKPOINT_FILE
 from nvdp.dra.pool.devices import DraDevice
 from nvdp.dra.pool.keeper import SliceKeeper
 from nvdp.dra.pool.taints import DeviceHealth, InformationalXids
+from nvdp.dra.scale import ScaleGuard
 from nvdp.dra.serving import Serving, prepare
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ class DraWork(DaemonWork):
         self.unmonitored: set[str] = set()
         self.not_serving_reason: str | None = "starting"
         self._foreign_reported: frozenset[str] = frozenset()
+        # migStrategy dynamic on a control plane without the scheduler's fix: one WARNING and Event per start.
+        self.scale = ScaleGuard(lambda: skeleton.api.client(), self.recorder, self.log, self.env)
         self._lock = threading.Lock()  # the serving state, shared with the health and gRPC threads
         # The node's mode (nvdp.daemon.pernode.mode): slices only in "dra" mode, once the device plugin has
         # withdrawn.
@@ -133,6 +136,7 @@ class DraWork(DaemonWork):
                                      default_fix=default_fix):
             self.log.warning("%s", warning)
         self.report_foreign(serving)
+        self.scale.check(serving.config, mode, serving.devices.values())
         if mode == "dra":
             self.slices.withdrawn = False
         handover.enter(mode)
@@ -185,7 +189,14 @@ class DraWork(DaemonWork):
     # -------------------------------------------------------------
 
     def mode_api(self) -> NodeApi | None:
-        return self.skeleton.api.node_api(self.node, self.driver, self.log, all_claims=True)
+        """The pods using this node's GPUs come from the kubelet's pod-resources API (the socket the
+        plugin reads claim holders from), never from a list of pods through the API server; the claims
+        allocated here that no container holds yet from the claims list."""
+        from nvdp.dra.kubelet.pod_resources import node_pods
+
+        socket_path = self.args.kubelet_pod_resources_socket
+        return self.skeleton.api.node_api(self.node, self.driver, self.log, all_claims=True,
+                                          kubelet_pods=lambda: node_pods(socket_path))
 
     def mode_handover(self) -> ModeHandover:
         """Entering "dra", publish only once the device plugin has withdrawn this node's GPUs."""

@@ -3,9 +3,9 @@
 `connect` builds a client (in-cluster service account, else `KUBECONFIG`); `NodeWatcher` follows one
 Node's labels; `EventRecorder` records Events on it (`record_claim_event`: on a ResourceClaim);
 `patch_node_labels` sets or clears `nvidia.com/*` labels; `get_node_allocatable` and `list_node_pods`
-read what a node advertises and runs (the per-node mode switch, nvdp.daemon.pernode.mode). Everything above
-this
-package sees plain dicts and strings, never client objects.
+read what a node advertises and runs (the per-node mode switch, nvdp.daemon.pernode.mode);
+`get_server_version` reads the API server's version. Everything above this package sees plain dicts
+and strings, never client objects.
 """
 
 from lightkube import Client as KubeClient
@@ -31,6 +31,7 @@ from nvdp.kube.slices import (
     list_slices,
     replace_slice,
 )
+from nvdp.kube.version import ServerVersion, get_server_version
 from nvdp.kube.watch import Backoff, ListWatch, NodeWatcher
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "NoApiAccess",
     "NodeLabels",
     "NodeWatcher",
+    "ServerVersion",
     "SliceEvent",
     "SliceWatcher",
     "apply_device_status",
@@ -55,6 +57,7 @@ __all__ = [
     "get_node_allocatable",
     "get_node_labels",
     "get_node_uid",
+    "get_server_version",
     "list_claims",
     "list_node_pods",
     "list_slices",

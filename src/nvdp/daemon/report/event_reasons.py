@@ -65,6 +65,9 @@ REASONS: Mapping[str, Reason] = MappingProxyType({
     "CheckpointSetAside": Reason(_DRA, "an unreadable checkpoint was set aside and rebuilt"),
     "ForeignMigDevices": Reason(
         _DRA, "migStrategy dynamic: MIG devices nvdp did not make are kept and their placements unpublished"),
+    "DynamicMigSchedulerCost": Reason(
+        _DRA, "migStrategy dynamic on a control plane whose kube-scheduler lacks the partitionable-devices "
+        "fix (nvdp.dra.pool.scale): once per start"),
     "ResourceSlicePublishFailed": Reason(_DRA, "the node's ResourceSlices cannot be published"),
     "DeviceTaintsUnsupported": Reason(
         _DRA, "the API server drops device taints: down GPUs leave the pool instead of being tainted"),

@@ -15,10 +15,10 @@ from typing import Any
 from nvdp.config.model import Config, Mode
 from nvdp.config.names import DEFAULT_MODE_ENV as DEFAULT_MODE_ENV
 from nvdp.dra.pool.devices import DraDevice, dra_devices, with_plan
-from nvdp.dra.pool.partitions import dynamic_devices, partitions_published
+from nvdp.dra.pool.partitions import Offers, dynamic_devices, offer_problem, partitions_published
 from nvdp.dra.pool.slices import desired_slices
 from nvdp.inventory.model import Inventory, MigDevice
-from nvdp.plan import plan
+from nvdp.plan import PlanError, plan
 
 # Whether the DRA plugin made a MIG device for a claim (its checkpoint: nvdp.dra.claims.records.OwnedMig).
 Owns = Callable[[MigDevice], bool]
@@ -35,9 +35,15 @@ def pool_devices(config: Config, inventory: Inventory, owns: Owns = _owns_none) 
 
     Under migStrategy dynamic the MIG-capable GPUs publish their possible placements
     (nvdp.dra.pool.partitions); `owns` tells the MIG devices the DRA plugin made for its claims (its
-    checkpoint): every other MIG device is foreign, and its placements are left out."""
+    checkpoint): every other MIG device is foreign, and its placements are left out. Only the placements
+    flags.migDynamicProfiles offers are published; a name it gives that no MIG-capable GPU of the node
+    has is a PlanError naming the valid ones."""
     if config.flags.mig_strategy == "dynamic":
-        devices = dynamic_devices(inventory, foreign_instances(inventory, owns))
+        offers = Offers(config.flags.mig_dynamic_profiles)
+        problem = offer_problem(inventory, offers)
+        if problem is not None:
+            raise PlanError(problem)
+        devices = dynamic_devices(inventory, foreign_instances(inventory, owns), offers)
     else:
         devices = dra_devices(inventory)
     return with_plan(devices, plan(config, inventory))
@@ -87,7 +93,8 @@ def pool_warnings(config: Config, inventory: Inventory, mode: Mode, *, default_i
     if not inventory.gpus:
         return ["This node has no GPUs: its pool is published without devices"]
     if config.flags.mig_strategy == "dynamic":
-        return dynamic_warnings(inventory, foreign_instances(inventory))
+        offers = Offers(config.flags.mig_dynamic_profiles)
+        return dynamic_warnings(inventory, foreign_instances(inventory), offers)
     return [
         f"GPU {gpu.index} ({gpu.uuid}) has MIG mode enabled and no MIG devices: the DRA plugin publishes "
         "no device for it; create MIG devices on it (nvidia-smi mig -cgi <profiles> -C, or the MIG "
@@ -97,12 +104,20 @@ def pool_warnings(config: Config, inventory: Inventory, mode: Mode, *, default_i
     ]
 
 
-def dynamic_warnings(inventory: Inventory, foreign: Mapping[str, Sequence[MigDevice]]) -> list[str]:
-    """Under migStrategy dynamic: GPUs that publish no MIG placement, or only some, and why, with the fix."""
+def dynamic_warnings(inventory: Inventory, foreign: Mapping[str, Sequence[MigDevice]],
+                     offers: Offers | None = None) -> list[str]:
+    """Under migStrategy dynamic: GPUs that publish no MIG placement, or only some, and why, with the fix
+    (`offers`: flags.migDynamicProfiles)."""
     out: list[str] = []
+    offers = offers or Offers(None)
     for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
         if not gpu.mig_capable:
             continue
+        if gpu.mig_profiles and not any(offers.offers(p, start) for p in gpu.mig_profiles
+                                        for start, _ in p.placements):
+            out.append(f"GPU {gpu.index} ({gpu.uuid}) has none of the MIG profiles flags.migDynamicProfiles "
+                       f"offers ({offers.describe()}): it publishes no MIG placement; add one of its "
+                       f"profiles ({', '.join(p.name for p in gpu.mig_profiles)}) to the list")
         if not gpu.mig_profiles:
             out.append(f"GPU {gpu.index} ({gpu.uuid}) is MIG capable, but NVML reported no GPU-instance "
                        "profiles for it: it is published whole only; check the driver (R450 or later for "

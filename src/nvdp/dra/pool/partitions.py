@@ -17,6 +17,11 @@ Where the GPU can also serve whole (`whole_gpu_published`), the whole GPU is one
 consumes every counter of the set, so a claim gets either the whole GPU or MIG slices, never both.
 Devices are named and attributed as static MIG devices (`nvdp.dra.pool.devices`), without `uuid`: the
 MIG device has none until a claim's prepare makes it (its UUID is then in the claim's status).
+
+`flags.migDynamicProfiles` narrows the placements published to the profiles it names ("1g.10gb") and
+single placements ("3g.40gb@4": the one starting at memory slice 4); the counters stay the GPU's, since
+they describe what the GPU holds, not what is offered. `offer_problem` refuses names the node's GPUs
+do not have.
 """
 
 from __future__ import annotations
@@ -111,18 +116,81 @@ def occupied(instances: Iterable[MigDevice]) -> frozenset[int]:
     return frozenset(taken)
 
 
-def dynamic_devices(inventory: Inventory, foreign: Mapping[str, Sequence[MigDevice]] | None = None
-                    ) -> tuple[DraDevice, ...]:
+class Offers:
+    """What `flags.migDynamicProfiles` offers: whole profiles and single placements (None: everything)."""
+
+    def __init__(self, entries: Sequence[str] | None) -> None:
+        self.entries = tuple(entries) if entries is not None else None
+        self.profiles: set[str] = set()
+        self.placements: set[tuple[str, int]] = set()
+        for entry in self.entries or ():
+            name, at, start = entry.partition("@")
+            if at:
+                self.placements.add((name, int(start)))
+            else:
+                self.profiles.add(name)
+
+    def __bool__(self) -> bool:
+        return self.entries is not None
+
+    def offers(self, profile: MigProfile, start: int) -> bool:
+        return (self.entries is None or profile.name in self.profiles
+                or (profile.name, start) in self.placements)
+
+    def describe(self) -> str:
+        return ", ".join(self.entries or ())
+
+
+def _close(word: str, options: Iterable[str]) -> str | None:
+    import difflib  # only a refused name needs it
+
+    lowered = {option.lower(): option for option in sorted(options)}
+    found = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[found[0]] if found else None
+
+
+def offer_problem(inventory: Inventory, offers: Offers) -> str | None:
+    """Why `offers` names something no MIG-capable GPU of the node has (None: every name is there, or
+    the node has no GPU with MIG profiles to check against), with the valid names."""
+    gpus = [gpu for gpu in inventory.gpus if gpu.mig_capable and gpu.mig_profiles]
+    if not offers or not gpus:
+        return None
+    starts: dict[str, set[int]] = {}
+    for gpu in gpus:
+        for profile in gpu.mig_profiles:
+            starts.setdefault(profile.name, set()).update(start for start, _ in profile.placements)
+    valid = ", ".join(sorted(starts))
+    problems: list[str] = []
+    for name in sorted(offers.profiles | {name for name, _ in offers.placements}):
+        if name not in starts:
+            close = _close(name, starts)
+            hint = f" (did you mean {close}?)" if close else ""
+            problems.append(f"{name} is not a MIG profile of this node's GPUs{hint}")
+    for name, start in sorted(offers.placements):
+        if name in starts and start not in starts[name]:
+            places = ", ".join(str(s) for s in sorted(starts[name]))
+            problems.append(f"{name}@{start}: no {name} placement starts at memory slice {start} (they start "
+                            f"at {places})")
+    if not problems:
+        return None
+    return (f"flags.migDynamicProfiles: {'; '.join(problems)}; the profiles of this node's MIG-capable GPUs "
+            f"are {valid}")
+
+
+def dynamic_devices(inventory: Inventory, foreign: Mapping[str, Sequence[MigDevice]] | None = None,
+                    offers: Offers | None = None) -> tuple[DraDevice, ...]:
     """The devices of a node under migStrategy dynamic, GPUs in minor order; each device that consumes
     counters carries its GPU's counter set.
 
     `foreign`: by GPU UUID, the MIG devices that exist and that nvdp did not make (made with
     nvidia-smi or mig-parted): their placements, and every placement overlapping them, are left out,
     and so is that GPU's whole-GPU device; they are never destroyed. A GPU that is not MIG capable
-    is published whole, as under the other strategies.
+    is published whole, as under the other strategies. `offers` (flags.migDynamicProfiles): only the
+    placements it names are published; the whole GPU and the counters are as without it.
     """
     devices: list[DraDevice] = []
     foreign = foreign or {}
+    offers = offers or Offers(None)
     for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
         common = common_attributes(gpu, inventory)
         if not (gpu.mig_capable and gpu.mig_profiles):
@@ -137,7 +205,7 @@ def dynamic_devices(inventory: Inventory, foreign: Mapping[str, Sequence[MigDevi
             continue
         for profile in gpu.mig_profiles:
             for start, size in profile.placements:
-                if taken.intersection(range(start, start + size)):
+                if taken.intersection(range(start, start + size)) or not offers.offers(profile, start):
                     continue
                 devices.append(_partition(gpu, profile, start, size, common, counters))
     return tuple(devices)
