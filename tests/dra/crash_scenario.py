@@ -7,8 +7,8 @@ killed plugin leaves. Prints what it observed, as JSON.
 
 ACTION: `setup` (an admin's MIG device at slice 6 and claim B prepared at slice 5), `prepare` or
 `unprepare` (claim A: 3g.40gb at slice 0 and 1g.10gb at slice 4), `remake-foreign` (an admin deletes
-A's 1g.10gb and makes their own at the same place), `look` (what NVML, the checkpoint and the pool
-hold, read before any start replays anything). With CRASH_AFTER_SAVES=K in the environment the process
+A's 1g.10gb and makes their own at the same place). Each first reports what the pool takes for foreign
+before the start replays anything. With CRASH_AFTER_SAVES=K in the environment the process
 kills itself (SIGKILL) right after the K-th checkpoint save of the action; the stand-in's
 NVML_SIM_KILL_AFTER=N does the same after its N-th changing NVML call.
 """
@@ -109,12 +109,11 @@ def main(state_dir: str, work: str, action: str) -> dict[str, Any]:
                       lock_path=str(root / "pu.lock"), specs=specs, get_claim=cluster.get,
                       view=lambda: NodeView(view), log=LOG, in_use=lambda: (),
                       instances=ClaimInstances(control, LOG, status))
-    if action == "look":
-        foreign = foreign_instances(discover(), read_owned_mig(checkpoint).owns)
-        return {"foreign_before_start": sorted(m.uuid for migs in foreign.values() for m in migs)}
+    # What the pool takes for foreign as the plugin starts, before the start replays the record.
+    foreign = foreign_instances(discover(), read_owned_mig(checkpoint).owns)
+    out: dict[str, Any] = {"foreign_before_start": sorted(m.uuid for migs in foreign.values() for m in migs)}
     if os.environ.get("CRASH_AFTER_SAVES"):
         kill_after_saves(int(os.environ["CRASH_AFTER_SAVES"]))
-    out: dict[str, Any] = {}
     p.restore(None)
     if action == "setup":
         pynvml.nvmlInit()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,12 +36,16 @@ MAX_POINTS = 30  # a bound on the walk: a transaction with more steps than this 
 
 
 class Node:
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, template: Path | None = None) -> None:
+        """A node in `base`; with `template`, a copy of that node's NVML state and plugin files."""
         self.base = base
+        if template is not None:
+            shutil.copytree(template / "state", base / "state", symlinks=True)
+            shutil.copytree(template / "work", base / "work", symlinks=True)
         self.sim = NodeSim("h100-mig-dynamic", base / "state")
         self.sim.__enter__()
         self.work = base / "work"
-        self.work.mkdir()
+        self.work.mkdir(exist_ok=True)
         self.gpu = self.sim.inventory.gpus[0].uuid
 
     def run(self, action: str, *, kill_nvml: int = 0, kill_saves: int = 0) -> tuple[int, dict[str, Any]]:
@@ -73,11 +78,10 @@ def fresh(tmp: Path, n: int) -> tuple[Node, dict[str, Any]]:
 
 def check_after_restart(node: Node, setup: dict[str, Any], retry: str) -> dict[str, Any]:
     """The invariants after a kill: before and after the start's replay and the kubelet's retry."""
-    rc, look = node.run("look")
-    assert rc == 0
-    assert look["foreign_before_start"] == [setup["admin"]], "only the admin's device is foreign"
     rc, after = node.run(retry)
-    assert rc == 0 and after["answer"] == "", after
+    assert rc == 0
+    assert after["foreign_before_start"] == [setup["admin"]], "only the admin's device is foreign"
+    assert after["answer"] == "", after
     live = set(after["live"])
     owned = {u for e in after["checkpoint"].values() for u in e["made"]}
     assert live == owned | {setup["admin"]}, "NVML holds the checkpoint's devices and the admin's"
@@ -91,11 +95,14 @@ def check_after_restart(node: Node, setup: dict[str, Any], retry: str) -> dict[s
 def walk(tmp: Path, kind: str, action: str, before: list[str], retry: str) -> int:
     """Kill `action` at every point of `kind` in turn; the number of points where it was killed."""
     killed = 0
+    # The node as every point starts it, made once and copied: an admin's device, claim B, `before`.
+    template, setup = fresh(tmp, 0)
+    for step in before:
+        assert template.run(step)[1]["answer"] == ""
+    template.close()
     for n in range(1, MAX_POINTS + 1):
-        node, setup = fresh(tmp, len(list(tmp.iterdir())))
+        node = Node(tmp / f"point-{n}", template=template.base)
         try:
-            for step in before:
-                assert node.run(step)[1]["answer"] == ""
             rc, _ = node.run(action, **{kind: n})
             if rc == 0:
                 return killed
