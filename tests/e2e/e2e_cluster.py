@@ -35,9 +35,13 @@ CHART = ROOT / "charts" / "nvidia-device-plugin"
 NODE_LOCK = Path("/tmp/nvdp-kit-node.lock")
 GPU = "nvidia.com/gpu"
 # The stand-in NVML's node-wide state, below the chart's default mps.root (the images set
-# NVML_SIM_STATE_DIR=/mps/nvml-sim; both DaemonSets mount mps.root at /mps).
+# NVML_SIM_STATE_DIR=/mps/nvml-sim; the DaemonSets mount mps.root at /mps where MPS is in use).
 MPS_ROOT = "/run/nvidia/mps"
 SIM_STATE_DIR = f"{MPS_ROOT}/nvml-sim"
+# The device plugin mounts mps.root only where MPS is in use; a story that injects faults through the
+# stand-in's node-wide state without MPS gives it the mount with mps.enabled (the MPS daemon itself is
+# not scheduled: the node carries no nvidia.com/mps.capable=true).
+SIM_STATE_MOUNT = ("--set", "mps.enabled=true")
 # The chart's devicePlugin.healthRecovery.stateDir: the health record outlives a release on purpose
 # (a reinstall does not bring back a GPU waiting for a reset), so each scenario starts without one.
 HEALTH_DIR = "/run/nvidia/nvdp"

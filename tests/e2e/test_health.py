@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from .e2e_cluster import Cluster, Images, Release, Timings, gpu_pod
+from .e2e_cluster import SIM_STATE_MOUNT, Cluster, Images, Release, Timings, gpu_pod
 
 pytestmark = pytest.mark.incremental
 SCENARIO = "health recovery"
@@ -29,7 +29,7 @@ UNHEALTHY, NEEDS_SERVICE = N + "gpu.unhealthy", N + "gpu.needs-service"
 VALUES = ("--set", "devicePlugin.healthRecovery.after=20s",
           "--set", "devicePlugin.healthRecovery.flapLimit=2",
           "--set", "gfd.enabled=true",
-          "--set", "events.enabled=true")
+          "--set", "events.enabled=true", *SIM_STATE_MOUNT)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from .e2e_cluster import Cluster, Images, Release, Timings
+from .e2e_cluster import SIM_STATE_MOUNT, Cluster, Images, Release, Timings
 
 pytestmark = pytest.mark.incremental
 SCENARIO = "metrics and probes"
@@ -55,7 +55,8 @@ def get(cluster: Cluster, url: str) -> str:
 def test_install_with_metrics_is_ready_when_registered(cluster: Cluster, release: Release,
                                                         timings: Timings) -> None:
     with timings.measure(SCENARIO, "helm install --wait (metrics.enabled)"):
-        release.install("--set", "metrics.enabled=true", "--set", "devicePlugin.enableHostNetwork=true")
+        release.install("--set", "metrics.enabled=true", "--set", "devicePlugin.enableHostNetwork=true",
+                        *SIM_STATE_MOUNT)
     seconds = cluster.wait_allocatable(1, namespace=release.namespace)
     timings.add(SCENARIO, "installed -> allocatable 1", seconds)
     (pod,) = release.pods("device-plugin")
