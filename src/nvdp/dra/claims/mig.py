@@ -130,7 +130,7 @@ class ClaimInstances:
 
         def save(step: Step, *, drop: bool = False) -> None:
             """Record `step` in place of the claim's step for the same GPU or device (or last)."""
-            at = next((i for i, s in enumerate(now) if _same(s, step)), None)
+            at = next((i for i, s in enumerate(now) if same_effect(s, step)), None)
             if drop:
                 if at is not None:
                     del now[at]
@@ -227,7 +227,7 @@ class ClaimInstances:
         return ""
 
 
-def _same(a: Step, b: Step) -> bool:
+def same_effect(a: Step, b: Step) -> bool:
     """Whether two steps are the same effect at different stages (a device's, or a GPU's mode)."""
     if isinstance(a, MigDeviceStep) and isinstance(b, MigDeviceStep):
         return a.device == b.device

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from msgspec.structs import replace
 
-from nvdp.dra.claims.mig import ClaimInstances
+from nvdp.dra.claims.mig import ClaimInstances, same_effect
 from nvdp.dra.claims.records import RELEASING, ClaimEntry, MigDeviceStep, Step, owned_mig
 
 # Stores the claim's entry as it now stands (None: the claim is gone from the record), durably.
@@ -55,19 +55,17 @@ class ClaimUndo:
         theirs = owned_mig(others).uuids
         left: list[str] = []
         for step in reversed(entry.steps):
-            def record(changed: Step, was: Step = step) -> None:
+            def record(changed: Step) -> None:
                 nonlocal entry
-                entry = replace(entry, steps=tuple(changed if s is was else s for s in entry.steps))
+                entry = replace(entry, steps=tuple(changed if same_effect(s, changed) else s
+                                                   for s in entry.steps))
                 save(entry)
 
             problem = self._instances.undo_step(step, theirs, record)
             if problem:
                 left.append(problem)
                 continue
-            entry = replace(entry, steps=tuple(s for s in entry.steps
-                                               if not (s is step or (isinstance(s, MigDeviceStep)
-                                                                     and isinstance(step, MigDeviceStep)
-                                                                     and s.device == step.device))))
+            entry = replace(entry, steps=tuple(s for s in entry.steps if not same_effect(s, step)))
             if isinstance(step, MigDeviceStep):
                 save(entry)
         if left:
