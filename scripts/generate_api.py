@@ -3,9 +3,10 @@
     python scripts/generate_api.py            # rewrite the committed modules
     python scripts/generate_api.py --out DIR  # write them under DIR instead (the staleness test does)
 
-Two API packages are generated in one run: the device-plugin API (src/nvdp/plugin/api) and the
-kubelet's DRA, DRA resource-health, plugin-registration and pod-resources APIs (src/nvdp/dra/kubelet/api).
-With --out, each goes to the same relative folder under DIR (DIR/plugin/api, DIR/dra/kubelet/api).
+Three API packages are generated in one run: the device-plugin API (src/nvdp/plugin/api), the
+kubelet's DRA, DRA resource-health and plugin-registration APIs (src/nvdp/dra/kubelet/api), and its
+pod-resources API, which every daemon may ask (src/nvdp/daemon/podresources/api). With --out, each
+goes to the same relative folder under DIR (DIR/plugin/api, DIR/dra/kubelet/api, ...).
 
 The output depends on the grpcio-tools version, so the version used is pinned here; a different
 one is refused rather than producing files that differ for no reason.
@@ -28,8 +29,8 @@ GRPC_TOOLS_VERSION = "1.85.1"
 APIS: dict[str, tuple[str, ...]] = {
     "plugin/api": ("deviceplugin.proto",),
     "dra/kubelet/api": ("dra_v1.proto", "dra_v1beta1.proto", "pluginregistration_v1.proto",
-                        "dra_health_v1alpha1.proto", "dra_health_v1beta1.proto", "dra_health_v1.proto",
-                        "podresources_v1.proto"),
+                        "dra_health_v1alpha1.proto", "dra_health_v1beta1.proto", "dra_health_v1.proto"),
+    "daemon/podresources/api": ("podresources_v1.proto",),
 }
 API_DIR = PACKAGE_DIR / "plugin" / "api"
 DRA_API_DIR = PACKAGE_DIR / "dra" / "kubelet" / "api"

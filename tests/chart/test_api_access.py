@@ -27,7 +27,8 @@ def rules(*items: tuple[str, str, str]) -> Rules:
 
 
 NODE_READ = ("", "nodes", "get list watch")
-EVENTS = ("", "events", "create patch")
+# Node Events: a Role in the default namespace, created only (rbac-events.yaml).
+EVENTS = ("", "events", "create")
 
 # values -> (the rules bound to each account, the token of each DaemonSet's pods)
 CASES: dict[str, tuple[dict[str, Any], dict[str, Rules], dict[str, bool]]] = {

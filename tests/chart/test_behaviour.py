@@ -269,15 +269,18 @@ def test_no_api_access_is_granted_without_a_config_and_events() -> None:
 def test_per_node_config_grants_node_reads_and_event_writes_only(config: dict[str, Any]) -> None:
     rendered = render({"config": config})
     (role,) = rendered.find("ClusterRole")
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-    ]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
     (binding,) = rendered.find("ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "namespace": NAMESPACE,
-                                    "name": rendered.one("ServiceAccount")["metadata"]["name"]}]
-    assert not {o["kind"] for o in rendered.objects} & {"Role", "RoleBinding"}
+    account = {"kind": "ServiceAccount", "namespace": NAMESPACE,
+               "name": rendered.one("ServiceAccount")["metadata"]["name"]}
+    assert binding["subjects"] == [account]
+    # Node Events: create only, in the default namespace, where they live.
+    (events,) = rendered.find("Role")
+    assert events["metadata"]["namespace"] == "default"
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    (events_binding,) = rendered.find("RoleBinding")
+    assert events_binding["subjects"] == [account]
     # Egress to the API server for the pods that hold a token (the deny-all policy opens nothing).
     assert "egress" not in rendered.one("NetworkPolicy", "nvdp-nvidia-device-plugin-deny-all")["spec"]
     allow = rendered.one("NetworkPolicy", "nvdp-nvidia-device-plugin-allow-apiserver")["spec"]

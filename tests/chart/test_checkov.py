@@ -54,6 +54,7 @@ ACCEPTED: dict[str, set[str]] = {
     "CKV_K8S_28": {"device-plugin", "mps-control-daemon"},  # NET_RAW (implied by privileged)
     "CKV_K8S_37": {"device-plugin", "mps-control-daemon"},  # capabilities (implied by privileged)
     "CKV_K8S_38": {"device-plugin", "mps-control-daemon"},  # SA token: Node events, per-node config
+    "CKV_K8S_21": {"device-plugin"},  # the default namespace: the Role for Node Events, which live there
 }
 
 

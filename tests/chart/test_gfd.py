@@ -110,11 +110,13 @@ def test_node_feature_api_gets_its_rbac_rule() -> None:
     rules = rendered.one("ClusterRole", CLUSTER_NAME)["rules"]
     assert {"apiGroups": ["nfd.k8s-sigs.io"], "resources": ["nodefeatures"],
             "verbs": ["get", "create", "update"]} in rules  # fmt: skip
-    rules = render({"gfd": {"enabled": True}}).one("ClusterRole", CLUSTER_NAME)["rules"]
-    assert rules == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-    ]
+    rendered = render({"gfd": {"enabled": True}})
+    rules = rendered.one("ClusterRole", CLUSTER_NAME)["rules"]
+    assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]}]
+    # Its Node's Events through a Role in the default namespace, created only.
+    (events,) = [r for r in rendered.find("Role") if r["metadata"]["name"].endswith("-gfd-events")]
+    assert events["metadata"]["namespace"] == "default"
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
 def test_rbac_binds_the_labeller_account() -> None:

@@ -1,6 +1,6 @@
 """Least privilege: every right a pod of the chart gets comes with a configured feature that uses it.
 
-For each of eight value sets the exact rights of each pod: privileged containers, added capabilities,
+For each of nine value sets the exact rights of each pod: privileged containers, added capabilities,
 host namespaces, the host paths it writes and those it only reads, whether its service-account token
 is mounted, and the API rules bound to its account. A right that appears without its feature fails
 here. The chart README's "Rights by configuration" table states the same, and is checked against what
@@ -22,6 +22,7 @@ MPS_ENTRY = "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.
 LIST_STRATEGY_ENTRY = "version: v1\nflags:\n  plugin:\n    deviceListStrategy: envvar\n"
 MIG_ENTRY = "version: v1\nflags:\n  migStrategy: mixed\n"
 DYNAMIC_ENTRY = "version: v1\nflags:\n  mode: dra\n  migStrategy: dynamic\n"
+DEVICE_PLUGIN_MODE = "version: v1\nflags:\n  mode: device-plugin\n"
 HOOK = "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
 
 # The configurations of the README's table, by the names it gives them.
@@ -36,6 +37,10 @@ SETS: dict[str, dict[str, Any]] = {
     "DRA with dynamic MIG": {"dra": {"enabled": True}, "config": {"map": {"dynamic": DYNAMIC_ENTRY}}},
     "per-node entries": {"config": {"map": {"plain": "version: v1\n", "mps": MPS_ENTRY, "mig": MIG_ENTRY},
                                     "default": "plain"}},
+    "DRA beside per-node device-plugin entries": {
+        "dra": {"enabled": True}, "gfd": {"enabled": True},
+        "config": {"map": {"dra": "version: v1\nflags:\n  mode: dra\n", "classic": DEVICE_PLUGIN_MODE},
+                   "default": "dra"}},
 }
 
 # DaemonSet name suffix -> the pod's name in the table.
@@ -74,7 +79,9 @@ MPS = ("/run/nvidia/mps", "/run/nvidia/mps/shm")
 PLUGIN_BASE = frozenset({KUBELET, HEALTH})
 MPS_DAEMON = Rights(privileged=frozenset({"mps-control-daemon-mounts", "mps-control-daemon-ctr"}),
                     host=frozenset({"host PID"}), written=frozenset(MPS))
-NODE_CONFIG_RULES = rules("nodes: get list watch", "events: create patch")
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+# Node Events through a Role in the default namespace (where they live), created only.
+NODE_CONFIG_RULES = rules("nodes: get list watch", "events: create")
 GFD = Rights(read=frozenset({HEALTH}), token=True,
              rules=rules("nodes: get list watch patch", "events: create"))
 DRA = Rights(
@@ -108,6 +115,14 @@ EXPECTED: dict[str, dict[str, Rights]] = {
                                 token=True, rules=NODE_CONFIG_RULES),
         "MPS daemon": Rights(privileged=MPS_DAEMON.privileged, host=MPS_DAEMON.host,
                              written=MPS_DAEMON.written, token=True, rules=NODE_CONFIG_RULES),
+    },
+    # The node label may switch a node's mode: which pods use the GPUs from the kubelet's pod-resources
+    # socket (read-only), never a pods list; the device plugin reads the DRA plugin's slices it waits on.
+    "DRA beside per-node device-plugin entries": {
+        "device plugin": Rights(written=PLUGIN_BASE, read=frozenset({POD_RESOURCES}), token=True,
+                                rules=NODE_CONFIG_RULES | rules("resourceslices: list")),
+        "GFD": Rights(read=frozenset({HEALTH, POD_RESOURCES}), token=True, rules=GFD.rules),
+        "DRA plugin": DRA,
     },
 }
 

@@ -21,8 +21,10 @@ DRA_ENTRY = "version: v1\nflags:\n  mode: dra\n"
 MPS_ENTRY = ("version: v1\nflags:\n  mode: device-plugin\nsharing:\n  mps:\n    resources:\n"
              "    - {name: nvidia.com/gpu, replicas: 4}\n")
 ENTRIES = {"config": {"map": {"dp": DP_ENTRY, "dra": DRA_ENTRY}, "default": "dp"}}
-MODE_RULES = {("", "pods"): {"list"}, ("resource.k8s.io", "resourceclaims"): {"get"},
-              ("resource.k8s.io", "resourceslices"): {"list"}}  # fmt: skip
+MODE_RULES = {("resource.k8s.io", "resourceslices"): {"list"}}
+# Which pods use the GPUs: the kubelet's pod-resources socket, never the API server.
+NEVER = {("", "pods"), ("resource.k8s.io", "resourceclaims")}
+SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 def objects(*layers: dict[str, Any]) -> list[Manifest]:
@@ -59,10 +61,14 @@ def test_both_plugins_run_where_a_node_may_be_in_either_mode(values: dict[str, A
     default = values.get("dra", {}).get("defaultMode", "dra")
     assert plugin["NVDP_DEFAULT_MODE"] == default and plugin["DRA_DRIVER_NAME"] == "gpu.nvidia.com"
     assert env(container(sets[DRA_DS], "nvidia-dra-plugin-ctr"))["NVDP_DEFAULT_MODE"] == default
-    # The device plugin reads the API beside the DRA plugin: its slices, the node's GPU pods.
+    # The device plugin reads the API beside the DRA plugin: its slices; the node's GPU pods come from
+    # the kubelet, where the node label may switch the mode.
     assert sets[DP]["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
     granted = rules(role_of(found, DP_ACCOUNT))
     assert all(granted.get(key, set()) >= verbs for key, verbs in MODE_RULES.items()), granted
+    assert not NEVER & set(granted), granted
+    switches = "default" in values.get("config", {}) or "name" in values.get("config", {})
+    assert (plugin.get("KUBELET_POD_RESOURCES_SOCKET") == SOCKET) is switches, plugin
     assert_valid(found, DRA_VERSIONS)
 
 
@@ -90,8 +96,10 @@ def test_the_mps_daemon_and_the_labeller_follow_the_mode() -> None:
     for name, ctr in ((MPS, "mps-control-daemon-ctr"), (GFD, "gpu-feature-discovery-ctr")):
         variables = env(container(sets[name], ctr))
         assert variables["NVDP_DEFAULT_MODE"] == "dra" and variables["DRA_DRIVER_NAME"] == "gpu.nvidia.com"
-    granted = rules(role_of(found, GFD))
-    assert granted[("", "pods")] == {"list"} and granted[("resource.k8s.io", "resourceclaims")] == {"get"}
+        assert variables["KUBELET_POD_RESOURCES_SOCKET"] == SOCKET
+        mount = next(m for m in container(sets[name], ctr)["volumeMounts"] if m["name"] == "pod-resources")
+        assert mount == {"name": "pod-resources", "mountPath": SOCKET.rsplit("/", 1)[0], "readOnly": True}
+    assert not NEVER & set(rules(role_of(found, GFD)))
 
 
 def test_no_mps_daemon_where_no_node_can_be_in_device_plugin_mode() -> None:

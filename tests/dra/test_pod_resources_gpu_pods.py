@@ -6,6 +6,7 @@ policy (`NodeApi`) asks the kubelet when given its answer, and then never lists 
 
 from __future__ import annotations
 
+import argparse
 import logging
 import tempfile
 from collections.abc import Iterator
@@ -24,9 +25,9 @@ from nvdp.daemon.pernode.mode import (
     kubelet_gpu_pods,
     unheld_claims,
 )
-from nvdp.dra.kubelet.api import podresources_v1_pb2 as pb
-from nvdp.dra.kubelet.pod_resources import POD_RESOURCES_ENV, PodResourcesUnavailable, node_pods
-from nvdp.plugin.work import kubelet_pods
+from nvdp.daemon.podresources import kubelet_pods_from
+from nvdp.daemon.podresources.api import podresources_v1_pb2 as pb
+from nvdp.daemon.podresources.client import POD_RESOURCES_ENV, PodResourcesUnavailable, node_pods
 from tests.dra.test_pod_resources import Lister, serve
 
 DRIVER = "gpu.nvidia.com"
@@ -157,9 +158,39 @@ def test_a_kubelet_that_cannot_be_asked_holds_the_switch(tmp_path: Path) -> None
     assert missing in message and "/var/lib/kubelet/pod-resources" in message  # where, and the fix
 
 
-def test_the_device_plugin_asks_the_kubelet_where_the_socket_is_given(kubelet: tuple[str, Lister]) -> None:
-    assert kubelet_pods({}) is None  # the pods bound to the node are listed through the API
-    assert kubelet_pods({POD_RESOURCES_ENV: " "}) is None
-    ask = kubelet_pods({POD_RESOURCES_ENV: kubelet[0]})
-    assert ask is not None
-    assert [p.name for p in ask()][:2] == ["train", "mig"]
+def test_every_daemon_asks_the_kubelet_where_the_socket_is_given(
+        kubelet: tuple[str, Lister], tmp_path: Path) -> None:
+    """The device plugin, the labeller and the MPS daemon take the same rule (env
+    KUBELET_POD_RESOURCES_SOCKET, which the chart sets): their mode reads ask the kubelet and never list
+    a pod through the API."""
+    from nvdp.daemon.api import ApiConnection
+    from nvdp.daemon.pernode.nodeconfig import NodeConfigSettings
+    from nvdp.daemon.skeleton import Skeleton
+    from nvdp.gfd.options import ProcessOptions
+    from nvdp.gfd.work import GfdWork
+    from nvdp.mps.work import MpsDaemonWork
+    from nvdp.plugin.work import DevicePluginWork
+
+    assert kubelet_pods_from({}) is None  # the pods bound to the node are then listed through the API
+    assert kubelet_pods_from({POD_RESOURCES_ENV: " "}) is None
+    env = {POD_RESOURCES_ENV: kubelet[0], "NODE_NAME": NODE, "DRA_DRIVER_NAME": DRIVER}
+
+    def skeleton() -> Skeleton:
+        made = Skeleton("test", LOG, env, guard=False)
+        connection = ApiConnection(None)
+        connection._client = _NoClient()
+        made._api = connection
+        return made
+
+    per_node = NodeConfigSettings(config_dir=tmp_path, node_name=NODE)
+    plugin = DevicePluginWork.__new__(DevicePluginWork)
+    plugin.skeleton, plugin.env, plugin.log = skeleton(), env, LOG
+    plugin.skeleton.node_config = object()  # type: ignore[assignment]
+    opts = ProcessOptions(config_file=None, node_name=NODE, namespace="ns", pod_name="gfd", kubeconfig=None,
+                          sysfs_root="/sys", presence_only=False, overrides={}, node_config=per_node)
+    labeller = GfdWork(skeleton(), opts, env)
+    mps = MpsDaemonWork(skeleton(), argparse.Namespace(), tmp_path, 1.0, per_node)
+    for work in (plugin, labeller, mps):
+        api = work.mode_api()
+        assert api is not None and api.kubelet_pods is not None, work
+        assert [p.name for p in api.gpu_pods()][:2] == ["train", "mig"], work

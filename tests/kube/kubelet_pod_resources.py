@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from nvdp.daemon.grpc_import import grpc
-from nvdp.dra.kubelet.api import podresources_v1_pb2 as pb
-from nvdp.dra.kubelet.api import podresources_v1_pb2_grpc as _pb_grpc
+from nvdp.daemon.podresources.api import podresources_v1_pb2 as pb
+from nvdp.daemon.podresources.api import podresources_v1_pb2_grpc as _pb_grpc
 from nvdp.kube import get_claim, list_node_pods
 
 pb_grpc: Any = _pb_grpc

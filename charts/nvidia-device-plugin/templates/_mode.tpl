@@ -47,18 +47,45 @@ using its GPUs).
 {{- end -}}
 
 {{/*
-RBAC rules of the mode switch: the pods bound to the node and their ResourceClaims (a switch waits
-while pods use the GPUs), and the DRA plugin's slices for the node (the device plugin waits for them
-to go before it advertises).
+RBAC rule of the mode switch: the DRA plugin's slices for the node (the device plugin waits for them
+to go before it advertises). Which pods use the GPUs (a switch waits for them) comes from the
+kubelet's pod-resources socket, not the API server: no pods list, no claim reads.
 */}}
 {{- define "nvidia-device-plugin.modeRules" -}}
-- apiGroups: [""]
-  resources: ["pods"]
-  verbs: ["list"]
-- apiGroups: ["resource.k8s.io"]
-  resources: ["resourceclaims"]
-  verbs: ["get"]
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceslices"]
   verbs: ["list"]
+{{- end -}}
+
+{{/*
+"true" when a running daemon beside the DRA plugin may switch its node's mode: the node label chooses
+between config entries. It then asks the kubelet's pod-resources API which pods use the GPUs
+(nvdp.daemon.podresources), through the socket mounted read-only (podResourcesEnv, -Mount, -Volume).
+*/}}
+{{- define "nvidia-device-plugin.modeSwitchAsksKubelet" -}}
+{{- if and .Values.dra.enabled (include "nvidia-device-plugin.nodeLabelChoosesConfig" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The kubelet's pod-resources folder on the host: beside its plugins folder (dra.kubeletPluginsDir). */}}
+{{- define "nvidia-device-plugin.podResourcesDir" -}}
+{{- printf "%s/pod-resources" (dir (trimSuffix "/" .Values.dra.kubeletPluginsDir)) -}}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.podResourcesEnv" -}}
+- name: KUBELET_POD_RESOURCES_SOCKET
+  value: {{ printf "%s/kubelet.sock" (include "nvidia-device-plugin.podResourcesDir" .) | quote }}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.podResourcesMount" -}}
+# The kubelet's pod-resources API: which pods use this node's GPUs (a mode switch waits for them).
+- name: pod-resources
+  mountPath: {{ include "nvidia-device-plugin.podResourcesDir" . }}
+  readOnly: true
+{{- end -}}
+
+{{- define "nvidia-device-plugin.podResourcesVolume" -}}
+- name: pod-resources
+  hostPath:
+    path: {{ include "nvidia-device-plugin.podResourcesDir" . }}
+    type: DirectoryOrCreate
 {{- end -}}

@@ -39,8 +39,8 @@ DEFAULT_CDI_ROOT = "/var/run/cdi"
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     from nvdp.config.flags import add_config_arguments
     from nvdp.daemon.pernode.nodeconfig import add_node_config_arguments
+    from nvdp.daemon.podresources import POD_RESOURCES_SOCKET
     from nvdp.daemon.report import observe
-    from nvdp.dra.kubelet.pod_resources import POD_RESOURCES_SOCKET
 
     env = os.environ if env is None else env
     parser = argparse.ArgumentParser(

@@ -192,11 +192,10 @@ class DraWork(DaemonWork):
         """The pods using this node's GPUs come from the kubelet's pod-resources API (the socket the
         plugin reads claim holders from), never from a list of pods through the API server; the claims
         allocated here that no container holds yet from the claims list."""
-        from nvdp.dra.kubelet.pod_resources import node_pods
+        from nvdp.daemon.podresources import kubelet_pods
 
-        socket_path = self.args.kubelet_pod_resources_socket
         return self.skeleton.api.node_api(self.node, self.driver, self.log, all_claims=True,
-                                          kubelet_pods=lambda: node_pods(socket_path))
+                                          kubelet_pods=kubelet_pods(self.args.kubelet_pod_resources_socket))
 
     def mode_handover(self) -> ModeHandover:
         """Entering "dra", publish only once the device plugin has withdrawn this node's GPUs."""
@@ -230,10 +229,10 @@ class DraWork(DaemonWork):
 
     def begin(self) -> int | None:
         """After the first config: slices, prepared claims, the kubelet's sockets, health checks."""
+        from nvdp.daemon.podresources.client import claims_in_use
         from nvdp.dra.claims.cdi_specs import CurrentSpecs
         from nvdp.dra.claims.preparer import ClaimPreparer
         from nvdp.dra.kubelet.health_service import HealthFeed
-        from nvdp.dra.kubelet.pod_resources import claims_in_use
         from nvdp.dra.kubelet.server import DraServer
         from nvdp.dra.pool.publish import SlicePublisher
         from nvdp.dra.serving import claim_instances

@@ -20,6 +20,7 @@ from nvdp.config.model import Config
 from nvdp.daemon.api import PODS_UNREADABLE
 from nvdp.daemon.errors import StartupError
 from nvdp.daemon.pernode.mode import driver_name, follower_mode
+from nvdp.daemon.podresources import kubelet_pods_from
 from nvdp.daemon.runloop import EXIT_FAILED, Wake, Wakes
 from nvdp.daemon.skeleton import DaemonWork, Skeleton
 from nvdp.gfd.discovery import Discovery, load, log
@@ -82,7 +83,8 @@ class GfdWork(DaemonWork):
         if self.opts.node_config is None or not self.opts.node_name:
             return None
         return self.skeleton.api.node_api(self.opts.node_name, driver_name(self.env), log,
-                                          unreachable=PODS_UNREADABLE)
+                                          unreachable=PODS_UNREADABLE,
+                                          kubelet_pods=kubelet_pods_from(self.env))
 
     def switch(self, chosen: Chosen | None) -> None:
         from nvdp.daemon.pernode.nodechoice import ConfigRefused

@@ -19,6 +19,7 @@ from nvdp.daemon.api import PODS_UNREADABLE
 from nvdp.daemon.errors import CannotGoOn
 from nvdp.daemon.pernode.mode import ModeGate, driver_name, follower_mode
 from nvdp.daemon.pernode.nodeconfig import Chosen, NodeConfigSettings
+from nvdp.daemon.podresources import kubelet_pods_from
 from nvdp.daemon.skeleton import DaemonWork, Skeleton
 from nvdp.mps.commands import MpsConfigError, MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeModes
@@ -107,7 +108,8 @@ class MpsDaemonWork(DaemonWork):
         if settings is None or not settings.node_name:
             return None
         return self.skeleton.api.node_api(settings.node_name, driver_name(self.skeleton.env), self.log,
-                                          unreachable=PODS_UNREADABLE)
+                                          unreachable=PODS_UNREADABLE,
+                                          kubelet_pods=kubelet_pods_from(self.skeleton.env))
 
     def switch(self, chosen: Chosen | None) -> None:
         from nvdp.daemon.pernode.nodechoice import ConfigRefused

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from nvdp.config.model import Mode
@@ -29,7 +29,7 @@ from nvdp.plugin.prepare import NvmlMissing, Prepared, StartupError, idle, load_
 
 if TYPE_CHECKING:
     from nvdp.config.model import Config
-    from nvdp.daemon.pernode.mode import KubeletPod, KubeletPods, ModeGate, NodeApi
+    from nvdp.daemon.pernode.mode import ModeGate, NodeApi
     from nvdp.daemon.pernode.nodeconfig import Chosen
     from nvdp.health.ledger import Change
     from nvdp.plugin.kubelet_watch import KubeletSocketWatcher
@@ -39,8 +39,6 @@ if TYPE_CHECKING:
 # may hold a resource back for much longer; health checking does not wait for that).
 HEALTH_AFTER_REGISTERING_S = 1.0
 WAITING_FOR_DRA = "waiting for the DRA plugin to delete this node's ResourceSlices"
-# The kubelet's pod-resources socket, as for the DRA plugin (nvdp.dra.kubelet.pod_resources).
-POD_RESOURCES_ENV = "KUBELET_POD_RESOURCES_SOCKET"
 
 
 class DevicePluginWork(DaemonWork):
@@ -252,6 +250,7 @@ class DevicePluginWork(DaemonWork):
         rather than a list of the node's pods through the API server."""
         from nvdp.config.names import node_name
         from nvdp.daemon.pernode.mode import driver_name
+        from nvdp.daemon.podresources import kubelet_pods_from
 
         driver, node = driver_name(self.env), node_name(self.env)
         if not node or (self.skeleton.node_config is None and driver is None):
@@ -261,7 +260,7 @@ class DevicePluginWork(DaemonWork):
             unreachable = ("Cannot read the API server (%s): this node's ResourceSlices of driver "
                            + driver.replace("%", "%%") + " are not checked before advertising")
         return self.skeleton.api.node_api(node, driver, self.log, unreachable=unreachable,
-                                          kubelet_pods=kubelet_pods(self.env))
+                                          kubelet_pods=kubelet_pods_from(self.env))
 
     # --- the loop and the end --------------------------------------------------------------------
 
@@ -325,17 +324,3 @@ def slices_left(api: NodeApi) -> tuple[str, Callable[[], str | None]] | None:
 
     return "the DRA plugin to delete this node's ResourceSlices", slices
 
-
-def kubelet_pods(env: Mapping[str, str]) -> KubeletPods | None:
-    """The pods from the kubelet's pod-resources API at env KUBELET_POD_RESOURCES_SOCKET; None when
-    unset (the pods bound to the node are then listed through the API server)."""
-    socket_path = env.get(POD_RESOURCES_ENV, "").strip()
-    if not socket_path:
-        return None
-
-    def pods() -> Sequence[KubeletPod]:
-        from nvdp.dra.kubelet.pod_resources import node_pods
-
-        return node_pods(socket_path)
-
-    return pods

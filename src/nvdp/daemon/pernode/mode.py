@@ -188,7 +188,7 @@ class KubeletPod(Struct, frozen=True):
     claims: tuple[KubeletClaim, ...] = ()
 
 
-# The kubelet's answer, asked once per call (nvdp.dra.kubelet.pod_resources.node_pods); raises when the
+# The kubelet's answer, asked once per call (nvdp.daemon.podresources.client.node_pods); raises when the
 # kubelet cannot be asked.
 KubeletPods = Callable[[], "Sequence[KubeletPod]"]
 
@@ -373,8 +373,8 @@ def _api_problem(err: Exception) -> str:
     failure = classify(err)
     if failure.kind == "status" and failure.code == 403:
         return (f"{failure.code} {failure.detail}: the service account lacks a right the chart grants with "
-                "dra.enabled (pods list, or for the DRA plugin resourceclaims list; resourceclaims get, "
-                "resourceslices list, nodes get)")
+                "dra.enabled (for the DRA plugin resourceclaims list; without the kubelet's pod-resources "
+                "socket, KUBELET_POD_RESOURCES_SOCKET, pods list and resourceclaims get)")
     return f"{failure.code} {failure.detail}" if failure.kind == "status" else failure.detail
 
 

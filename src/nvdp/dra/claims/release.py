@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from nvdp.inventory.model import MigDevice
 
 # The (namespace, name) of every claim a container of a pod on this node holds, from the kubelet's
-# pod-resources API (nvdp.dra.kubelet.pod_resources); raises when the kubelet cannot say.
+# pod-resources API (nvdp.daemon.podresources.client); raises when the kubelet cannot say.
 ClaimsInUse = Callable[[], Collection[tuple[str, str]]]
 
 

@@ -9,17 +9,17 @@ uses of one claim out of the answer. A pod being deleted stays listed, claims in
 containers have stopped (seen on kubelet 1.36.2 with a container that outlasts its grace period).
 
 The same answer says which pods use the node's GPUs before a mode switch (`node_pods`, read by
-nvdp.daemon.pernode.mode): the devices of device-plugin resources (`devices`, `nvidia.com/gpu` ...)
-and the claims with the driver and pool of each device. The kubelet lists the pods it has admitted
-and not finished (its active pods; regular containers and restartable init containers),
-so nothing cluster-wide is read and no pod's spec or environment is seen.
+nvdp.daemon.pernode.mode through nvdp.daemon.podresources.kubelet_pods): the devices of device-plugin
+resources (`devices`, `nvidia.com/gpu` ...) and the claims with the driver and pool of each device. The
+kubelet lists the pods it has admitted and not finished (its active pods; regular containers and
+restartable init containers), so nothing cluster-wide is read and no pod's spec or environment is seen.
 
 The kubelet fills `dynamic_resources` only with its `KubeletPodResourcesDynamicResources` feature gate
 on: alpha and off by default in 1.27-1.33, beta and on by default since 1.34 (Kubernetes'
-`pkg/features/kube_features.go`; the feature-gate reference agrees). A kubelet with the gate off
-answers List normally but leaves the field out, so its answer reads exactly like a node whose
-containers hold no claims. Nothing on the wire tells the two apart; this module does not guess, and a
-caller that must be sure has to know the kubelet's version and gates some other way.
+`pkg/features/kube_features.go`; the feature-gate reference agrees). A kubelet with the gate off answers
+List normally but leaves the field out, so its answer reads exactly like a node whose containers hold no
+claims. Nothing on the wire tells the two apart; this module does not guess, and a caller that must be
+sure has to know the kubelet's version and gates some other way.
 """
 
 from __future__ import annotations
@@ -31,15 +31,13 @@ import msgspec
 
 from nvdp.daemon.grpc_import import grpc
 from nvdp.daemon.pernode.mode import KubeletClaim, KubeletPod
-from nvdp.dra.kubelet.api import podresources_v1_pb2 as pb
-from nvdp.dra.kubelet.api import podresources_v1_pb2_grpc as _pb_grpc
+from nvdp.daemon.podresources import POD_RESOURCES_ENV as POD_RESOURCES_ENV
+from nvdp.daemon.podresources import POD_RESOURCES_SOCKET as POD_RESOURCES_SOCKET
+from nvdp.daemon.podresources.api import podresources_v1_pb2 as pb
+from nvdp.daemon.podresources.api import podresources_v1_pb2_grpc as _pb_grpc
 
 # The generated service module has no type hints.
 pb_grpc: Any = _pb_grpc
-
-POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-# Where the chart tells a plugin the socket is (mounted read-only from the node).
-POD_RESOURCES_ENV = "KUBELET_POD_RESOURCES_SOCKET"
 
 # A busy node's answer can pass gRPC's default 4 MiB limit; Kubernetes' node tests and the usual
 # pod-resources clients (monitoring agents) allow 16 MiB.
