@@ -10,8 +10,8 @@ bookworm Python 3.11 in /opt/venv instead of python:3.11-slim in /usr/local.
 
 `--stand-ins PROFILE` adds, for clusters without GPUs (the end-to-end suite), the stand-in
 libnvidia-ml.so.1 with that node profile as JSON, the stand-in nvidia-cuda-mps-control and a stand-in
-nvidia-smi to both images; their NVML state lives in /mps/nvml-sim, the MPS root both pods mount from the
-host, so the plugin and the MPS daemon see one node.
+nvidia-smi to both images; their NVML state lives in /mps/gpu.nvidia.com/nvml-sim, under the MPS root the
+pods mount from the host, so the plugins and the MPS daemons see one node.
 
 Release images are tagged with the chart's appVersion, stand-in images with a hash of everything that goes
 into them (--tag overrides both). A build whose archive in the kit's image folder came from the same sources
@@ -36,9 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = {"plugin": "nvdp-plugin", "mps-daemon": "nvdp-mps-daemon"}
 # Where the stand-ins live in an image, and where the NVML stand-in keeps its node-wide state: below the
-# MPS root, which both DaemonSets mount from the host at /mps.
+# DRA driver's folder of the MPS root, which every pod that touches GPUs mounts from the host (the device
+# plugin and the MPS daemon all of /mps, the DRA plugin and the dra-mps daemons /mps/gpu.nvidia.com).
 SIM_DIR = "/opt/nvml-sim"
-SIM_STATE_DIR = "/mps/nvml-sim"
+SIM_STATE_DIR = "/mps/gpu.nvidia.com/nvml-sim"
 SIM_ENV = {
     "LD_LIBRARY_PATH": SIM_DIR,
     "NVML_SIM_PROFILE": f"{SIM_DIR}/profile.json",

@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -128,10 +129,21 @@ def gpu_inventory() -> Any:
 def dra(inv: Any, root: Path) -> None:
     from nvdp.daemon.report.recording import Recorder
     from nvdp.dra.claims.sharing.mps import ClaimMps, claim_limits, client_env
+    from nvdp.mps.ordered.daemons import OrderedDaemons
 
     uuid = inv.gpus[0].uuid
-    claims = ClaimMps(root=root, host_root=str(root), driver="gpu.nvidia.com", inventory=inv,
-                      modes_factory=NoModes, log=LOG, recorder=Recorder(), ready_wait_s=30)
+    claims = ClaimMps(root=root, host_root=str(root), driver="gpu.nvidia.com", inventory=inv, log=LOG,
+                      ready_wait_s=30)
+    # The MPS image's side, in this process: the orders carried out as the dra-mps DaemonSet does.
+    ordered = OrderedDaemons(root, "gpu.nvidia.com", NoModes, LOG, 5.0, recorder=Recorder())
+    done = threading.Event()
+
+    def carry_out() -> None:
+        while not done.wait(0.05):
+            ordered.reconcile()
+
+    runner = threading.Thread(target=carry_out, daemon=True)
+    runner.start()
     greedy = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80000M"}
     try:
         pipe = claims.use("A", [uuid], claim_limits(25, [(uuid, 8192)])).pipe_dir
@@ -152,9 +164,12 @@ def dra(inv: Any, root: Path) -> None:
         probe("dra: A and B, env rewritten to the whole GPU", pipe, greedy, [12288, 20480])
         report["server_list_ab"] = control(pipe, "get_server_list")
         claims.release("B")
+        time.sleep(1.0)  # the lowered order, carried out at the next pass
         probe("dra: B released, env rewritten to the whole GPU", pipe, greedy, [4096, 12288])
     finally:
-        report["dra_stop_restored"] = claims.stop()
+        done.set()
+        runner.join()
+        report["dra_stop_restored"] = ordered.stop()
 
 
 def device_plugin(inv: Any, root: Path) -> None:

@@ -13,6 +13,7 @@ PLUGIN = "nvdp-nvidia-device-plugin"
 MPS = "nvdp-nvidia-device-plugin-mps-control-daemon"
 GFD = "nvdp-nvidia-device-plugin-gpu-feature-discovery"
 DRA = "nvdp-nvidia-device-plugin-dra-plugin"
+DRA_MPS = "nvdp-nvidia-device-plugin-dra-mps"  # the MPS daemons of DRA claims: no token
 PRESENCE = "nvdp-nvidia-device-plugin-gpu-presence"
 PLUGIN_ACCOUNT = "nvdp-nvidia-device-plugin-service-account"
 MPS_ENTRY = "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 10}\n"
@@ -73,7 +74,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Rules], dict[str, bool]]] = {
         {DRA: rules(("resource.k8s.io", "resourceclaims", "get list watch"),
                     ("resource.k8s.io", "resourceslices", "get list watch create update delete"),
                     NODE_READ, ("", "events", "create"))},
-        {DRA: True}),
+        {DRA: True, DRA_MPS: False}),
     "dra.enabled with migStrategy dynamic: claims' status (test_dra_rbac.py)": (
         {"dra": {"enabled": True},
          "config": {"map": {"mig": "version: v1\nflags:\n  mode: dra\n  migStrategy: dynamic\n"}}},
@@ -82,7 +83,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Rules], dict[str, bool]]] = {
                     ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
                     ("resource.k8s.io", "resourceslices", "get list watch create update delete"),
                     NODE_READ, ("", "events", "create"))},
-        {DRA: True}),
+        {DRA: True, DRA_MPS: False}),
 }
 
 

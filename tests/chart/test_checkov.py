@@ -79,7 +79,9 @@ def checkov() -> Path:
 
 def component(resource: str) -> str:
     name = resource.split(".")[2]
-    for suffix, part in (("-mps-control-daemon", "mps-control-daemon"), ("-test-gpu", "test")):
+    # The MPS daemons of DRA claims (dra-mps) are the MPS daemon's, from the same image.
+    for suffix, part in (("-mps-control-daemon", "mps-control-daemon"), ("-dra-mps", "mps-control-daemon"),
+                         ("-test-gpu", "test")):
         if name.startswith("nvdp-nvidia-device-plugin" + suffix):
             return part
     return "device-plugin"

@@ -44,14 +44,14 @@ def test_default_render_has_no_dra_objects() -> None:
                          ids=["defaults", "per-node-config", "driver-root-metrics"])
 def test_dra_renders_its_objects_and_no_device_plugin(values: dict[str, Any]) -> None:
     objects = dra_render(values)
-    assert names(objects, "DaemonSet") == {DAEMONSET}
+    assert names(objects, "DaemonSet") == {DAEMONSET, "nvdp-nvidia-device-plugin-dra-mps"}
     assert {o["kind"] for o in objects} >= DRA_OBJECTS
     assert names(objects, "DeviceClass") == {"gpu.nvidia.com", "mig.nvidia.com", "nvidia.com-gpu"}
     assert_valid(objects, DRA_VERSIONS)
 
 
 def daemonset(values: dict[str, Any] | None = None) -> Manifest:
-    (ds,) = [o for o in dra_render(values) if o["kind"] == "DaemonSet"]
+    (ds,) = [o for o in dra_render(values) if o["kind"] == "DaemonSet" and o["metadata"]["name"] == DAEMONSET]
     return ds
 
 
@@ -117,9 +117,11 @@ def test_custom_folders_and_driver_name_follow_through() -> None:
     values = {"dra": {"driverName": "gpu.example.com", "kubeletPluginsDir": "/data/kubelet/plugins/",
                       "kubeletRegistrarDir": "/data/kubelet/plugins_registry"}}  # fmt: skip
     objects = dra_render(values)
-    (ds,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    (ds,) = [o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == DAEMONSET]
     variables = env(container(ds, CTR))
     assert variables["DRA_DRIVER_NAME"] == "gpu.example.com"
+    (mps,) = [o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] != DAEMONSET]
+    assert container(mps, "dra-mps-ctr")["command"][-1] == "gpu.example.com"
     assert variables["KUBELET_PLUGINS_DIR"] == "/data/kubelet/plugins"
     mounts = {m["name"]: m["mountPath"] for m in container(ds, CTR)["volumeMounts"]}
     assert mounts["plugin-dir"] == "/data/kubelet/plugins/gpu.example.com"
@@ -229,11 +231,9 @@ def test_checkov_finds_only_what_is_accepted_for_the_device_plugin(tmp_path: Pat
     failed = {(c["check_id"], component(c["resource"]), c["resource"])
               for r in reports for c in r["results"]["failed_checks"]}  # fmt: skip
     assert any(DAEMONSET in resource for _, _, resource in failed)  # the DRA DaemonSet was checked
-    # Host PID as the MPS daemon's (dra.mps): the plugin runs MPS control daemons (chart README, DRA).
-    assert ("CKV_K8S_17", "device-plugin", f"DaemonSet.{NAMESPACE}.{DAEMONSET}") in failed
-    failed.discard(("CKV_K8S_17", "device-plugin", f"DaemonSet.{NAMESPACE}.{DAEMONSET}"))
-    # No memory limit by default, as the MPS daemon's: with dra.mps its MPS control daemons and NVIDIA's
-    # MPS servers run in the plugin's container (values.yaml, dra.resources).
+    # No host PID any more: the MPS daemons of DRA claims run in the dra-mps DaemonSet.
+    assert ("CKV_K8S_17", "device-plugin", f"DaemonSet.{NAMESPACE}.{DAEMONSET}") not in failed
+    # No memory limit by default (values.yaml, dra.resources).
     failed.discard(("CKV_K8S_13", "device-plugin", f"DaemonSet.{NAMESPACE}.{DAEMONSET}"))
     unexplained = sorted(f for f in failed if f[1] not in ACCEPTED.get(f[0], set()))
     assert not unexplained, unexplained
@@ -256,96 +256,92 @@ def test_helm_test_asks_for_the_gpu_through_a_claim_in_dra_mode() -> None:
 
 
 MPS_ROOT = "/run/nvidia/mps"
+DRA_MPS = "nvdp-nvidia-device-plugin-dra-mps"
+MPS_CONFIG = "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n"
 
 
-def mps_parts(ds: Manifest) -> dict[str, Any]:
-    """What dra.mps adds to the pod: host PID or a shared process namespace, init containers, the MPS
-    root's env, mounts and volumes."""
-    pod = ds["spec"]["template"]["spec"]
-    ctr = container(ds, CTR)
-    return {
-        "hostPID": pod.get("hostPID"),
-        "shareProcessNamespace": pod.get("shareProcessNamespace"),
-        "initContainers": pod.get("initContainers", []),
-        "MPS_ROOT": env(ctr).get("MPS_ROOT"),
-        "mounts": {m["name"]: m for m in ctr["volumeMounts"] if m["name"].startswith("mps-")},
-        "volumes": {v["name"]: v for v in pod["volumes"] if v["name"].startswith("mps-")},
-    }
+def dra_mps(values: dict[str, Any] | None = None) -> Manifest:
+    (ds,) = [o for o in dra_render(values) if o["kind"] == "DaemonSet" and o["metadata"]["name"] == DRA_MPS]
+    return ds
 
 
-def test_the_dra_plugin_pod_has_what_running_mps_daemons_needs() -> None:
+def test_the_dra_plugin_orders_mps_daemons_in_its_driver_folder_only() -> None:
+    """The plugin writes orders (nvdp.mps.ordered); it runs no MPS process: no host PID, no shared
+    process namespace, no privileged init container, and only <mps.root>/<driver> mounted."""
     ds = daemonset()
-    parts = mps_parts(ds)
-    assert parts["hostPID"] is True and parts["shareProcessNamespace"] is None
-    assert parts["MPS_ROOT"] == MPS_ROOT
-    (init,) = parts["initContainers"]
-    assert init["command"] == ["mps-control-daemon", "mount-shm"]
-    assert init["image"] == container(ds, CTR)["image"], "the plugin image: one wheel for all images"
-    assert init["imagePullPolicy"] == container(ds, CTR)["imagePullPolicy"]
-    # its own folder, apart from the MPS control-daemon DaemonSet's: <root>/<driver>/shm
-    assert env(init) == {"MPS_ROOT": f"{MPS_ROOT}/gpu.nvidia.com",
-                         "MPS_CONTAINER_ROOT": "/mps/gpu.nvidia.com", "MPS_MOUNT_IN_HOST_NAMESPACE": "true"}
-    assert init["securityContext"] == {"privileged": True}
-    assert init["volumeMounts"] == [{"name": "mps-root", "mountPath": "/mps"}]
-    assert parts["mounts"] == {
-        "mps-root": {"name": "mps-root", "mountPath": "/mps", "mountPropagation": "HostToContainer"},
-        "mps-shm": {"name": "mps-shm", "mountPath": "/dev/shm", "mountPropagation": "HostToContainer"},
-    }
-    assert parts["volumes"] == {
-        "mps-root": {"name": "mps-root", "hostPath": {"path": MPS_ROOT, "type": "DirectoryOrCreate"}},
-        "mps-shm": {"name": "mps-shm", "hostPath": {"path": f"{MPS_ROOT}/gpu.nvidia.com/shm",
-                                                    "type": "DirectoryOrCreate"}},
-    }
+    pod, ctr = ds["spec"]["template"]["spec"], container(ds, CTR)
+    assert "hostPID" not in pod and "shareProcessNamespace" not in pod and "initContainers" not in pod
+    variables = env(ctr)
+    assert variables["MPS_ROOT"] == MPS_ROOT
+    assert variables["NVDP_DRA_MPS_DAEMONSET"] == f"DaemonSet {DRA_MPS}"
+    assert "MPS_MOUNT_IN_HOST_NAMESPACE" not in variables
+    mounts = [m for m in ctr["volumeMounts"] if m["name"].startswith("mps")]
+    assert mounts == [{"name": "mps-dir", "mountPath": "/mps/gpu.nvidia.com"}]
+    volumes = [v for v in pod["volumes"] if v["name"].startswith("mps")]
+    assert volumes == [{"name": "mps-dir", "hostPath": {"path": f"{MPS_ROOT}/gpu.nvidia.com",
+                                                        "type": "DirectoryOrCreate"}}]
 
 
-def test_the_dra_plugins_mps_parts_match_the_mps_daemons() -> None:
+def test_the_dra_mps_daemonset_runs_the_orders_as_the_mps_daemon_runs_its_own() -> None:
     # The MPS control-daemon DaemonSet (device-plugin mode, a config that uses MPS) is the model.
-    mps_config = "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n"
     for host_pid in (True, False):
         values = {"mps": {"root": "/var/run/mps/", "enableHostPID": host_pid}}
-        ds = daemonset(values)
-        rendered = render({**values, "config": {"map": {"c": mps_config}}})
+        ds = dra_mps(values)
+        plugin = daemonset(values)
+        rendered = render({**values, "config": {"map": {"c": MPS_CONFIG}}})
         daemon = rendered.daemonsets()["nvdp-nvidia-device-plugin-mps-control-daemon"]
         ours, theirs = ds["spec"]["template"]["spec"], daemon["spec"]["template"]["spec"]
         for key in ("hostPID", "shareProcessNamespace"):
             assert ours.get(key) == theirs.get(key), key
+        # On the DRA plugin's nodes, with no token.
+        for key in ("affinity", "tolerations", "priorityClassName", "nodeSelector"):
+            assert ours.get(key) == plugin["spec"]["template"]["spec"].get(key), key
+        assert ours["automountServiceAccountToken"] is False
         (init,) = ours["initContainers"]
         (model,) = theirs["initContainers"]
-        for key in ("command", "securityContext", "volumeMounts"):
+        for key in ("command", "securityContext", "image", "imagePullPolicy"):
             assert init[key] == model[key], key
-        # the same settings, on the plugin's own folder: <root>/<driver>, where its tmpfs goes
+        # the same settings, on the driver's own folder: <root>/<driver>, where its tmpfs goes
         assert env(init) == {**env(model), "MPS_ROOT": "/var/run/mps/gpu.nvidia.com",
                              "MPS_CONTAINER_ROOT": "/mps/gpu.nvidia.com"}
-        daemon_ctr = container(daemon, "mps-control-daemon-ctr")
-        assert env(container(ds, CTR))["MPS_ROOT"] == env(daemon_ctr)["MPS_ROOT"] == "/var/run/mps/"
-        model_mounts = {m["name"]: m for m in daemon_ctr["volumeMounts"] if m["name"].startswith("mps-")}
-        assert mps_parts(ds)["mounts"] == model_mounts
-        model_volumes = {v["name"]: v for v in theirs["volumes"] if v["name"].startswith("mps-")}
-        model_volumes["mps-shm"]["hostPath"]["path"] = "/var/run/mps/gpu.nvidia.com/shm"
-        assert mps_parts(ds)["volumes"] == model_volumes
-    parts = mps_parts(daemonset({"mps": {"enableHostPID": False}}))
-    assert parts["hostPID"] is None and parts["shareProcessNamespace"] is True
-    (init,) = parts["initContainers"]
-    bidirectional = {"name": "mps-root", "mountPath": "/mps", "mountPropagation": "Bidirectional"}
-    assert init["volumeMounts"] == [bidirectional]
-    assert env(init)["MPS_MOUNT_IN_HOST_NAMESPACE"] == "false"
+        propagation = {} if host_pid else {"mountPropagation": "Bidirectional"}
+        assert init["volumeMounts"] == [{"name": "dra-mps-dir", "mountPath": "/mps/gpu.nvidia.com",
+                                         **propagation}]
+        ctr = container(ds, "dra-mps-ctr")
+        model_ctr = container(daemon, "mps-control-daemon-ctr")
+        assert ctr["command"] == ["mps-control-daemon", "--dra-driver", "gpu.nvidia.com"]
+        assert ctr["image"] == model_ctr["image"] and ctr["securityContext"] == {"privileged": True}
+        assert env(ctr)["MPS_ROOT"] == env(model_ctr)["MPS_ROOT"] == "/var/run/mps/"
+        assert env(ctr)["MPS_MOUNT_IN_HOST_NAMESPACE"] == str(host_pid).lower()
+        assert ctr["volumeMounts"] == [
+            {"name": "dra-mps-dir", "mountPath": "/mps/gpu.nvidia.com",
+             "mountPropagation": "HostToContainer"},
+            {"name": "dra-mps-shm", "mountPath": "/dev/shm", "mountPropagation": "HostToContainer"}]
+        assert ours["volumes"] == [
+            {"name": "dra-mps-dir", "hostPath": {"path": "/var/run/mps/gpu.nvidia.com",
+                                                 "type": "DirectoryOrCreate"}},
+            {"name": "dra-mps-shm", "hostPath": {"path": "/var/run/mps/gpu.nvidia.com/shm",
+                                                 "type": "DirectoryOrCreate"}}]
+        assert_valid([ds], DRA_VERSIONS)
 
 
-def test_without_dra_mps_the_pod_has_none_of_it() -> None:
-    ds = daemonset({"dra": {"mps": False}, "mps": {"enableHostPID": True}})
-    assert mps_parts(ds) == {"hostPID": None, "shareProcessNamespace": None, "initContainers": [],
-                             "MPS_ROOT": None, "mounts": {}, "volumes": {}}  # fmt: skip
-    assert "initContainers" not in ds["spec"]["template"]["spec"]
+def test_without_dra_mps_there_is_none_of_it() -> None:
+    values = {"dra": {"mps": False}, "mps": {"enableHostPID": True}}
+    ds = daemonset(values)
+    assert "MPS_ROOT" not in env(container(ds, CTR))
+    assert not [m for m in container(ds, CTR)["volumeMounts"] if m["name"].startswith("mps")]
+    assert DRA_MPS not in names(dra_render(values), "DaemonSet")
     assert_valid([ds], DRA_VERSIONS)
 
 
-def test_the_init_container_takes_the_images_and_resources_settings() -> None:
+def test_the_dra_mps_daemonset_takes_the_mps_image_and_resources_settings() -> None:
     values = {"image": {"repository": "registry.example.com/nvdp", "tag": "9.9.9", "pullPolicy": "Always"},
-              "mpsImage": {"repository": "registry.example.com/other", "pullPolicy": "Never"},
-              "resources": {"limits": {"memory": "256Mi"}}}  # fmt: skip
-    ds = daemonset(values)
-    (init,) = ds["spec"]["template"]["spec"]["initContainers"]
-    assert init["image"] == "registry.example.com/nvdp:9.9.9"
-    assert init["imagePullPolicy"] == "Always"
-    assert init["resources"] == {"limits": {"memory": "256Mi"}}
+              "mpsImage": {"repository": "registry.example.com/other", "tag": "8.8.8", "pullPolicy": "Never"},
+              "mps": {"resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}}  # fmt: skip
+    ds = dra_mps(values)
+    spec = ds["spec"]["template"]["spec"]
+    for ctr in (*spec["initContainers"], *spec["containers"]):
+        assert ctr["image"] == "registry.example.com/other:8.8.8"
+        assert ctr["imagePullPolicy"] == "Never"
+        assert ctr["resources"] == {"requests": {"cpu": "1m", "memory": "1Mi"}}
     assert_valid([ds], DRA_VERSIONS)

@@ -49,6 +49,7 @@ PODS = {
     "-mps-control-daemon": "MPS daemon",
     "-gpu-feature-discovery": "GFD",
     "-dra-plugin": "DRA plugin",
+    "-dra-mps": "DRA MPS daemon",
     "-gpu-presence": "presence check",
 }
 FULLNAME = "nvdp-nvidia-device-plugin"
@@ -84,14 +85,20 @@ POD_RESOURCES = "/var/lib/kubelet/pod-resources"
 NODE_CONFIG_RULES = rules("nodes: get list watch", "events: create")
 GFD = Rights(read=frozenset({HEALTH}), token=True,
              rules=rules("nodes: get list watch patch", "events: create"))
+DRA_MPS_DIR = "/run/nvidia/mps/gpu.nvidia.com"
+# The DRA plugin orders the MPS daemons of its claims (its driver's folder of the MPS root only); no
+# host PID, no privileged init container: the dra-mps DaemonSet of the MPS image runs them.
 DRA = Rights(
-    privileged=frozenset({"mps-mount-shm", "nvidia-dra-plugin-ctr"}), host=frozenset({"host PID"}),
+    privileged=frozenset({"nvidia-dra-plugin-ctr"}),
     written=frozenset({"/var/lib/kubelet/plugins/gpu.nvidia.com", "/var/lib/kubelet/plugins_registry",
-                       "/var/run/cdi", HEALTH, "/run/nvidia/mps", "/run/nvidia/mps/gpu.nvidia.com/shm"}),
+                       "/var/run/cdi", HEALTH, DRA_MPS_DIR}),
     read=frozenset({"/var/lib/kubelet/pod-resources", "/usr/bin/nvidia-ctk"}), token=True,
     rules=rules("resourceclaims: get list watch", "resourceslices: get list watch create update delete",
                 "nodes: get list watch", "events: create"),
 )
+# The daemons of DRA claims: privileged (compute mode, the tmpfs), host PID, no token.
+DRA_MPS = Rights(privileged=frozenset({"dra-mps-mount-shm", "dra-mps-ctr"}), host=frozenset({"host PID"}),
+                 written=frozenset({DRA_MPS_DIR, f"{DRA_MPS_DIR}/shm"}))
 # migStrategy dynamic: the UUID of a MIG device made for a claim goes into the claim's status.
 DRA_DYNAMIC_MIG = Rights(**{**DRA.__dict__, "rules": DRA.rules | rules(
     "resourceclaims/status: patch", "resourceclaims/driver: associated-node:patch")})
@@ -107,8 +114,8 @@ EXPECTED: dict[str, dict[str, Rights]] = {
     "CDI": {"device plugin": Rights(written=PLUGIN_BASE | {"/var/run/cdi"},
                                     read=frozenset({"/run/nvidia/driver", HOOK}))},
     "GFD": {"device plugin": Rights(written=PLUGIN_BASE), "GFD": GFD},
-    "DRA": {"DRA plugin": DRA},
-    "DRA with dynamic MIG": {"DRA plugin": DRA_DYNAMIC_MIG},
+    "DRA": {"DRA plugin": DRA, "DRA MPS daemon": DRA_MPS},
+    "DRA with dynamic MIG": {"DRA plugin": DRA_DYNAMIC_MIG, "DRA MPS daemon": DRA_MPS},
     # The label chooses: Node reads and Events for both pods; the MIG entry adds SYS_ADMIN.
     "per-node entries": {
         "device plugin": Rights(capabilities=frozenset({"SYS_ADMIN"}), written=PLUGIN_BASE | set(MPS),
@@ -123,6 +130,7 @@ EXPECTED: dict[str, dict[str, Rights]] = {
                                 rules=NODE_CONFIG_RULES | rules("resourceslices: list")),
         "GFD": Rights(read=frozenset({HEALTH, POD_RESOURCES}), token=True, rules=GFD.rules),
         "DRA plugin": DRA,
+        "DRA MPS daemon": DRA_MPS,
     },
 }
 
@@ -442,7 +450,7 @@ def test_every_container_has_requests_and_the_measured_defaults() -> None:
               "dra": {"enabled": True, "defaultMode": "device-plugin"}}
     found = resources_of(values)
     assert set(found) == {"nvidia-device-plugin-ctr", "mps-control-daemon-mounts", "mps-control-daemon-ctr",
-                          "gpu-feature-discovery-ctr", "gpu-presence", "mps-mount-shm",
+                          "gpu-feature-discovery-ctr", "gpu-presence", "dra-mps-mount-shm", "dra-mps-ctr",
                           "nvidia-dra-plugin-ctr"}
     for name, resources in found.items():
         assert {"cpu", "memory"} <= set(resources["requests"]), name
@@ -451,7 +459,7 @@ def test_every_container_has_requests_and_the_measured_defaults() -> None:
     for name in ("nvidia-device-plugin-ctr", "gpu-feature-discovery-ctr"):
         assert found[name]["limits"]["memory"] == found[name]["requests"]["memory"], name
     # The MPS control daemons (and their MPS servers) run in these: no memory limit by default.
-    for name in ("mps-control-daemon-ctr", "nvidia-dra-plugin-ctr"):
+    for name in ("mps-control-daemon-ctr", "dra-mps-ctr"):
         assert "limits" not in found[name], name
 
 

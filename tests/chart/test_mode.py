@@ -75,7 +75,7 @@ def test_both_plugins_run_where_a_node_may_be_in_either_mode(values: dict[str, A
 @pytest.mark.parametrize("values", [{}, {"config": {"map": {"a": "version: v1\n", "b": DRA_ENTRY}}}],
                          ids=["no-config", "entries-without-device-plugin-mode"])
 def test_no_device_plugin_where_every_node_is_in_dra_mode(values: dict[str, Any]) -> None:
-    assert set(daemonsets(objects(values))) == {DRA_DS}
+    assert set(daemonsets(objects(values))) == {DRA_DS, "nvdp-nvidia-device-plugin-dra-mps"}
 
 
 def test_without_dra_nothing_changes() -> None:

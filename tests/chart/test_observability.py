@@ -135,7 +135,7 @@ def test_a_dra_only_install_gets_the_metrics_service_monitor_and_policy() -> Non
     rendered = render({"devicePlugin": {"enabled": False}, "dra": {"enabled": True},
                        "metrics": {"enabled": True, "serviceMonitor": {"enabled": True}},
                        "networkPolicy": {"enabled": True}})
-    (dra,) = [d for d in rendered.find("DaemonSet") if "dra" in d["metadata"]["name"]]
+    (dra,) = [d for d in rendered.find("DaemonSet") if d["metadata"]["name"].endswith("-dra-plugin")]
     assert PLUGIN_DS not in rendered.daemonsets()
     service = rendered.one("Service")
     pod_labels = dra["spec"]["template"]["metadata"]["labels"]

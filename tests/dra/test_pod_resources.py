@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from nvdp.daemon.grpc_import import grpc
+from nvdp.daemon.podresources.api import podresources_v1_pb2 as pb
+from nvdp.daemon.podresources.api import podresources_v1_pb2_grpc as pb_grpc
 from nvdp.daemon.podresources.client import (
     POD_RESOURCES_SOCKET,
     ClaimUse,
@@ -19,10 +23,6 @@ from nvdp.daemon.podresources.client import (
     claims_in_use,
     held_by_pods,
 )
-
-from nvdp.daemon.grpc_import import grpc
-from nvdp.daemon.podresources.api import podresources_v1_pb2 as pb
-from nvdp.daemon.podresources.api import podresources_v1_pb2_grpc as pb_grpc
 
 
 def _claim(name: str, namespace: str, *devices: str) -> pb.DynamicResource:

@@ -296,6 +296,9 @@ class FakeMps:
     def adopt(self, claim_uid: str, gpus: Sequence[str], limits: Any = None) -> None:
         self.using[claim_uid] = tuple(gpus)
 
+    def settle(self) -> None:
+        self.settled = dict(self.using)
+
     def stop(self) -> bool:
         return True
 

@@ -14,7 +14,6 @@ import pytest
 from msgspec.structs import replace
 
 from nvdp.config.model import Config, Flags, ReplicatedResource, ReplicatedResources, Sharing
-from nvdp.daemon.report.recording import Recorder
 from nvdp.dra.claims.check import ClaimProblem
 from nvdp.dra.claims.sharing.gpuconfig import DeviceSharing, MpsLimits, SharingProblem
 from nvdp.dra.claims.sharing.mps import ClaimMps, MpsUnavailable, daemon_name
@@ -44,6 +43,8 @@ from nvdp.plan import plan
 from sim.nvml import resolve_profile
 from tests.mps.fakes import FakeModes
 from tests.mps.nodes import gpu, inventory
+from tests.mps.ordered_runner import carried_out
+from tests.mps.waiting import wait_for
 
 MIB = 1024 * 1024
 LOG = logging.getLogger("test-dra-sharing")
@@ -235,10 +236,9 @@ def claim_mps(mps_root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple
     monkeypatch.setenv(RECORD_ENV, str(mps_root / "record.jsonl"))
     modes = FakeModes()
     manager = ClaimMps(root=mps_root, host_root="/run/nvidia/mps", driver="gpu.nvidia.com",
-                       inventory=inventory(gpu(0), gpu(1)), modes_factory=lambda: modes,
-                       log=LOG, recorder=Recorder(), ready_wait_s=10, probe_interval_s=0.05)
-    yield manager, modes
-    manager.stop()
+                       inventory=inventory(gpu(0), gpu(1)), log=LOG, ready_wait_s=10, poll_s=0.01)
+    with carried_out(mps_root, lambda: modes):
+        yield manager, modes
 
 
 @pytest.mark.slow
@@ -255,9 +255,9 @@ def test_claims_on_one_gpu_share_its_daemon_until_the_last_is_gone(claim_mps: tu
     assert modes.calls == [("EXCLUSIVE_PROCESS", [g0])]
     manager.release("claim-1")
     assert (mps_root / "gpu.nvidia.com" / g0 / ".ready").exists()
-    manager.release("claim-2")
-    assert not (mps_root / "gpu.nvidia.com" / g0 / ".ready").exists()
-    assert ("DEFAULT", [g0]) in modes.calls
+    manager.release("claim-2")  # the order is withdrawn; the MPS image stops the daemon shortly after
+    assert wait_for(lambda: not (mps_root / "gpu.nvidia.com" / g0 / ".ready").exists())
+    assert wait_for(lambda: ("DEFAULT", [g0]) in modes.calls)
     assert manager.users() == {}
 
 
@@ -279,12 +279,24 @@ def test_a_daemon_that_does_not_answer_fails_the_prepare_with_its_error(
         claim_mps: tuple[ClaimMps, FakeModes], monkeypatch: pytest.MonkeyPatch) -> None:
     manager, modes = claim_mps
     monkeypatch.setenv("PATH", "/nonexistent")
-    manager.ready_wait_s = 0.5
-    with pytest.raises(MpsUnavailable, match=r"not ready after 0\.5s: MPS control daemon did not start: "
+    manager.ready_wait_s = 1.0
+    with pytest.raises(MpsUnavailable, match=r"not ready after 1s: MPS control daemon did not start: "
                                              r"nvidia-cuda-mps-control is not on PATH"):
         manager.use("claim-1", [gpu(0).uuid])
     assert manager.users() == {}
-    assert modes.calls[-1] == ("DEFAULT", [gpu(0).uuid])
+    assert wait_for(lambda: ("DEFAULT", [gpu(0).uuid]) in modes.calls)  # the withdrawn order's daemon
+
+
+@pytest.mark.slow
+def test_an_order_nobody_carries_out_fails_the_prepare_naming_who_should(mps_root: Path) -> None:
+    manager = ClaimMps(root=mps_root, host_root="/run/nvidia/mps", driver="gpu.nvidia.com",
+                       inventory=inventory(gpu(0)), log=LOG, ready_wait_s=0.3, poll_s=0.01,
+                       runner="DaemonSet nvdp-dra-mps")
+    with pytest.raises(MpsUnavailable, match=r"its order \(generation 1\) was not taken: "
+                                             r"DaemonSet nvdp-dra-mps does not run on this node"):
+        manager.use("claim-1", [gpu(0).uuid])
+    assert manager.users() == {}
+    assert not list((mps_root / "gpu.nvidia.com" / "orders").iterdir())  # withdrawn with the claim
 
 
 def test_daemon_names_stay_short_for_gpu_sets() -> None:

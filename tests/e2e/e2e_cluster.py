@@ -35,9 +35,10 @@ CHART = ROOT / "charts" / "nvidia-device-plugin"
 NODE_LOCK = Path("/tmp/nvdp-kit-node.lock")
 GPU = "nvidia.com/gpu"
 # The stand-in NVML's node-wide state, below the chart's default mps.root (the images set
-# NVML_SIM_STATE_DIR=/mps/nvml-sim; the DaemonSets mount mps.root at /mps where MPS is in use).
+# NVML_SIM_STATE_DIR=/mps/gpu.nvidia.com/nvml-sim: the device plugin and the MPS daemon mount mps.root at
+# /mps where MPS is in use, the DRA plugin and its dra-mps daemons <mps.root>/gpu.nvidia.com).
 MPS_ROOT = "/run/nvidia/mps"
-SIM_STATE_DIR = f"{MPS_ROOT}/nvml-sim"
+SIM_STATE_DIR = f"{MPS_ROOT}/gpu.nvidia.com/nvml-sim"
 # The device plugin mounts mps.root only where MPS is in use; a story that injects faults through the
 # stand-in's node-wide state without MPS gives it the mount with mps.enabled (the MPS daemon itself is
 # not scheduled: the node carries no nvidia.com/mps.capable=true).

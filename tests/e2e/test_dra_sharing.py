@@ -198,12 +198,48 @@ def test_two_mps_claims_share_the_gpus_daemon_with_their_own_limits(
     assert "tmpfs" in cluster.exec(NAMESPACE, "mps-a", "sh", "-c", "grep ' /dev/shm ' /proc/mounts")
     assert host_file(cluster, f"{MPS_DAEMON_DIR}/.ready") is not None
     assert host_file(cluster, f"{SIM_STATE_DIR}/compute-mode/{T4_UUID}") == "EXCLUSIVE_PROCESS"
+
+
+def test_the_mps_daemon_outlives_a_dra_plugin_restart(cluster: Cluster, release: Release,
+                                                      timings: Timings) -> None:
+    """The daemon runs in the dra-mps pod from the plugin's order: killing the DRA plugin's pod leaves
+    the same daemon process serving both claims' pods, and the new plugin adopts it."""
+    pid_file = f"{MPS_DAEMON_DIR}/pipe/nvidia-cuda-mps-control.pid"
+    pid = host_file(cluster, pid_file)
+    assert pid, "the daemon's pid file"
+    before = {p["metadata"]["name"] for p in release.pods("dra-plugin")}
+    started = time.monotonic()
+    cluster.kubectl("delete", "pod", "-n", release.namespace, *before, "--grace-period=0", "--force",
+                    "--wait=false")
+
+    def replaced() -> bool:
+        pods = release.pods("dra-plugin")
+        names = {p["metadata"]["name"] for p in pods}
+        return bool(names) and not names & before and all(
+            any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+            for p in pods)
+
+    cluster.wait_for("a new DRA plugin pod, Ready", replaced, 120,
+                     diagnose=lambda: plugin_log(cluster, release))
+    timings.add(SCENARIO, "DRA plugin pod killed -> new one Ready (MPS daemon untouched)",
+                time.monotonic() - started)
+    assert "Prepared claims on this node: 2" in plugin_log(cluster, release)
+    assert host_file(cluster, pid_file) == pid, "the same MPS control daemon serves on"
+    assert host_file(cluster, f"{MPS_DAEMON_DIR}/.ready") is not None
+    assert phase(cluster, "mps-a") == "Ready" and phase(cluster, "mps-b") == "Ready"
+    ceiling = json.loads(host_file(cluster, f"{MPS_DAEMON_DIR}/limits.json") or "{}").get("ceiling")
+    assert ceiling == {"thread_percentage": 50, "memory_mib": [4096]}
+
+
+def test_the_daemon_stops_with_its_last_claim(cluster: Cluster, release: Release, timings: Timings) -> None:
     delete_pods(cluster)
-    _, seconds = cluster.wait_for("the MPS daemon to stop with its last claim",
-                                  lambda: host_file(cluster, f"{MPS_DAEMON_DIR}/.ready") is None, 90,
-                                  diagnose=lambda: plugin_log(cluster, release))
+    # The marker goes first, then the compute mode is restored: wait for both.
+    _, seconds = cluster.wait_for(
+        "the MPS daemon to stop with its last claim",
+        lambda: host_file(cluster, f"{MPS_DAEMON_DIR}/.ready") is None and host_file(
+            cluster, f"{SIM_STATE_DIR}/compute-mode/{T4_UUID}") in (None, "DEFAULT"),
+        90, diagnose=lambda: plugin_log(cluster, release) + release.logs("dra-mps"))
     timings.add(SCENARIO, "last MPS pod deleted -> daemon stopped", seconds)
-    assert host_file(cluster, f"{SIM_STATE_DIR}/compute-mode/{T4_UUID}") in (None, "DEFAULT")
 
 
 def test_a_time_slicing_class_sets_the_interval(cluster: Cluster, release: Release, images: Images,

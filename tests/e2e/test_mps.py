@@ -164,9 +164,9 @@ def test_uninstall_leaves_nothing_behind(cluster: Cluster, release: Release, tim
     # README says.
     mounts = cluster.host(f"grep ' {MPS_ROOT}/' /proc/mounts || true").stdout
     assert mounts.strip() == "", mounts
-    listing = cluster.host(f"cd {MPS_ROOT} && find . -mindepth 1 -not -path './nvml-sim/*'").stdout
-    # (./gpu.nvidia.com is the DRA plugin's MPS folder, of the DRA scenarios)
+    listing = cluster.host(f"cd {MPS_ROOT} && find . -mindepth 1").stdout
+    # (./gpu.nvidia.com is the DRA plugin's MPS folder, of the DRA scenarios, and the stand-in's state)
     host_left = {p for p in listing.split() if not p.startswith("./gpu.nvidia.com")}
     kept = {f"./{GPU}/status.json", f"./{GPU}/log"}
-    assert host_left <= {"./shm", "./nvml-sim", "./nvidia.com", f"./{GPU}", *kept,
+    assert host_left <= {"./shm", "./nvidia.com", f"./{GPU}", *kept,
                          f"./{GPU}/log/control.log", f"./{GPU}/log/control.log.1"}, host_left  # fmt: skip

@@ -50,7 +50,7 @@ def test_packer_gets_the_dockerfile_start_up(dockerfile: Path) -> None:
 def test_stand_in_images_point_nvml_at_the_node_wide_state(tmp_path: Path) -> None:
     spec = kit_images.read_dockerfile(ROOT / "images/plugin/Dockerfile")
     args = kit_images.packer_arguments(spec, kit_images.SIM_ENV)
-    assert "--env" in args and "NVML_SIM_STATE_DIR=/mps/nvml-sim" in args
+    assert "--env" in args and "NVML_SIM_STATE_DIR=/mps/gpu.nvidia.com/nvml-sim" in args
     assert "LD_LIBRARY_PATH=/opt/nvml-sim" in args
 
 

@@ -25,6 +25,7 @@ from sim.mps import connect_client, read_record, recorded_servers
 
 from .fakes import FakeModes
 from .nodes import gpu, inventory, mps_config
+from .ordered_runner import carried_out
 from .waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -69,10 +70,9 @@ def test_the_replica_share_binds_a_client_that_asks_for_the_whole_gpu(mps_root: 
 @pytest.fixture
 def claims(mps_root: Path, record: Path) -> Iterator[ClaimMps]:
     manager = ClaimMps(root=mps_root, host_root="/run/nvidia/mps", driver=DRIVER,
-                       inventory=inventory(gpu(0), gpu(1)), modes_factory=FakeModes, log=LOG,
-                       recorder=Recorder(), ready_wait_s=10, probe_interval_s=0.05)
-    yield manager
-    manager.stop()
+                       inventory=inventory(gpu(0), gpu(1)), log=LOG, ready_wait_s=10, poll_s=0.01)
+    with carried_out(mps_root, FakeModes, driver=DRIVER):
+        yield manager
 
 
 def pipe(mps_root: Path) -> Path:
@@ -120,15 +120,16 @@ def test_a_larger_claim_raises_the_ceiling_and_its_leaving_lowers_it(claims: Cla
     assert written is not None and written.ceiling == Ceiling(50, (7680,))
     assert written.claims == {"small": QUARTER, "large": HALF}
 
-    claims.release("large")
-    assert limits(connect_client(pipe(mps_root), GREEDY)) == (25.0, {"0": 3840})
+    claims.release("large")  # the order is lowered; the MPS image retunes the daemon shortly after
+    assert wait_for(lambda: limits(connect_client(pipe(mps_root), GREEDY)) == (25.0, {"0": 3840}))
     written = read_limits(mps_root / daemon_name(DRIVER, [G0]) / LIMITS_FILE)
     assert written is not None and written.claims == {"small": QUARTER}
     claims.release("small")
     assert not (mps_root / daemon_name(DRIVER, [G0]) / LIMITS_FILE).exists()
     claims.use("again", [G0], QUARTER)
-    claims.stop()  # the plugin's shut-down: no daemon, so no limits for nvdp doctor to show
-    assert not (mps_root / daemon_name(DRIVER, [G0]) / LIMITS_FILE).exists()
+    claims.stop()  # the plugin's shut-down: the daemon serves on, and nvdp doctor still shows its limits
+    assert (mps_root / daemon_name(DRIVER, [G0]) / LIMITS_FILE).exists()
+    assert ResourcePaths(mps_root, daemon_name(DRIVER, [G0])).ready_marker.exists()
 
 
 def test_a_smaller_claim_joins_without_changing_the_ceiling(claims: ClaimMps, record: Path) -> None:

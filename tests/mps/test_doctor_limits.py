@@ -22,6 +22,7 @@ from nvdp.plan import Plan, plan
 
 from .fakes import FakeModes
 from .nodes import gpu, inventory, mps_config
+from .ordered_runner import carried_out
 from .waiting import wait_for
 
 LOG = logging.getLogger("test.mps.doctor")
@@ -62,10 +63,9 @@ def test_dra_mode_shows_each_daemons_ceiling_and_which_claim_limits_are_advisory
                                                                                  record: Path) -> None:
     node = inventory(gpu(0), gpu(1))
     claims = ClaimMps(root=mps_root, host_root="/run/nvidia/mps", driver="gpu.nvidia.com", inventory=node,
-                      modes_factory=FakeModes, log=LOG, recorder=Recorder(), ready_wait_s=10,
-                      probe_interval_s=0.05)
+                      log=LOG, ready_wait_s=10, poll_s=0.01)
     env = {"MPS_CONTAINER_ROOT": str(mps_root), "DRA_DRIVER_NAME": "gpu.nvidia.com"}
-    try:
+    with carried_out(mps_root, FakeModes):
         claims.use("uid-small", [G0], ClaimLimits(thread_percentage=25, memory_mib=((G0, 3840),)))
         (same,) = Checks(env, Config(source="test"), node).mps()
         assert same.status == "PASS" and same.title == f"{DRA_TITLE} {G0}"
@@ -73,8 +73,6 @@ def test_dra_mode_shows_each_daemons_ceiling_and_which_claim_limits_are_advisory
                                f"{G0}; claim uid-small: 25% threads, 3840 MiB on {G0}, enforced")
         claims.use("uid-large", [G0], ClaimLimits(thread_percentage=50, memory_mib=((G0, 7680),)))
         (mixed,) = Checks(env, Config(source="test"), node).mps()
-    finally:
-        claims.stop()
     assert mixed.detail == (
         f"enforced ceiling (every client of its MPS server): 50% threads, 7680 MiB on {G0}; "
         f"claim uid-large: 50% threads, 7680 MiB on {G0}, enforced; "

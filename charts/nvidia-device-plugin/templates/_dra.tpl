@@ -3,6 +3,11 @@
 {{- include "nvidia-device-plugin.suffixedName" (dict "root" . "suffix" "dra-plugin") -}}
 {{- end -}}
 
+{{/* The DaemonSet that runs the MPS control daemons of DRA claims (dra.mps), from the MPS image. */}}
+{{- define "nvidia-device-plugin.draMpsName" -}}
+{{- include "nvidia-device-plugin.suffixedName" (dict "root" . "suffix" "dra-mps") -}}
+{{- end -}}
+
 {{/* Cluster-scoped objects carry the namespace too: two releases may share a release name. */}}
 {{- define "nvidia-device-plugin.draClusterName" -}}
 {{- $base := printf "%s-%s" (include "nvidia-device-plugin.fullname" .) (include "nvidia-device-plugin.namespace" .) -}}

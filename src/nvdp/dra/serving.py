@@ -66,12 +66,9 @@ def node_sharing(client: Any, serving: Serving, env: Mapping[str, str], driver: 
                  log: logging.Logger, recorder: Recorder) -> tuple[NodeSharing, ClaimMps | None]:
     """Claims' sharing on this node, and its MPS daemons when the pod has the MPS root (chart value
     dra.mps)."""
-    from functools import partial
-
     from nvdp.dra.claims.sharing.events import ClaimEvents
-    from nvdp.dra.claims.sharing.mps import ClaimMps
+    from nvdp.dra.claims.sharing.mps import MPS_RUNNER_ENV, RUNNER, ClaimMps
     from nvdp.dra.claims.sharing.node import NodeSharing
-    from nvdp.mps.compute_mode import NvmlComputeModes
     from nvdp.mps.paths import CONTAINER_ROOT_ENV, HOST_ROOT_ENV, container_root
 
     config = serving.config
@@ -80,11 +77,9 @@ def node_sharing(client: Any, serving: Serving, env: Mapping[str, str], driver: 
         return NodeSharing(driver=driver, mps=None, log=log, warner=warner, no_mps_reason=(
             f"the pod has no MPS root ({HOST_ROOT_ENV} is not set): install with the chart value "
             "dra.mps=true (the default), which mounts it and the MPS clients' /dev/shm")), None
-    mps = ClaimMps(
-        root=container_root(env), host_root=env.get(HOST_ROOT_ENV) or config.flags.mps_root,
-        driver=driver, inventory=serving.inventory,
-        modes_factory=partial(NvmlComputeModes, config.flags.plugin.container_driver_root),
-        log=log, recorder=recorder)
+    mps = ClaimMps(root=container_root(env), host_root=env.get(HOST_ROOT_ENV) or config.flags.mps_root,
+                   driver=driver, inventory=serving.inventory, log=log,
+                   runner=env.get(MPS_RUNNER_ENV) or RUNNER)
     return NodeSharing(driver=driver, mps=mps, log=log, no_mps_reason="", warner=warner), mps
 
 

@@ -379,8 +379,8 @@ class DraWork(DaemonWork):
         if self.slices.publisher is not None:
             self.slices.publisher.stop()
         if self.mps is not None:
-            # The daemons run in this container and end with it; stopping them puts the GPUs' compute
-            # mode back. A restarted plugin starts them again for the claims still prepared.
+            # The daemons run on in the MPS image's pod for the claims still prepared; a restarted
+            # plugin adopts them (nvdp.dra.claims.sharing.mps).
             self.mps.stop()
 
     # --- probes ----------------------------------------------------------------------------------

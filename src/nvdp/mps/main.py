@@ -19,6 +19,12 @@ with the host's PID namespace it does so in the host's mount namespace (no Bidir
 nvdp.mps.hostmount). On its final stop the daemon removes what only a running daemon needs from the host:
 each resource's pipe folder and readiness marker, and the tmpfs it mounted (`mps-control-daemon
 unmount-shm`; pods that still use it keep it until they end). The bounded log folder stays.
+
+`mps-control-daemon --dra-driver NAME` (env MPS_DRA_DRIVER; the chart's `<release>-dra-mps` DaemonSet)
+runs the daemons of DRA claims instead, from the orders the DRA plugin writes under
+`<MPS root>/NAME/orders` (nvdp.mps.ordered): in a pod of their own, they outlive a restart, crash or
+upgrade of the DRA plugin with their MPS servers and clients. No config is read then (config flags
+are ignored, but for the driver root that NVML is loaded from).
 """
 
 from __future__ import annotations
@@ -42,6 +48,10 @@ from nvdp.mps.work import MpsDaemonWork
 PROG = "mps-control-daemon"
 PROBE_INTERVAL_ENV = "MPS_PROBE_INTERVAL"
 METRICS_ADDRESS_ENV = "METRICS_ADDRESS"
+DRA_DRIVER_ENV = "MPS_DRA_DRIVER"
+# Where NVML is loaded from in --dra-driver mode, which reads no config: the config's flag and variables.
+DRIVER_ROOT_ENVS = ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT")
+DEFAULT_CONTAINER_DRIVER_ROOT = "/driver-root"
 log = logging.getLogger("nvdp.mps")
 
 
@@ -69,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"serve Prometheus metrics at /metrics, e.g. :9446 (env {METRICS_ADDRESS_ENV}); off by default",
     )
     add_node_config_arguments(parser)
+    parser.add_argument(
+        "--dra-driver", default=os.environ.get(DRA_DRIVER_ENV) or None, metavar="NAME",
+        help="run the MPS daemons the DRA driver NAME orders under <MPS root>/NAME/orders instead of the "
+        f"config's (env {DRA_DRIVER_ENV}); config arguments are then ignored",
+    )
     return parser
 
 
@@ -86,7 +101,34 @@ def serve_metrics(skeleton: Skeleton, address: str | None) -> list[HttpEndpoints
                  on_death=died)
 
 
+def container_driver_root(args: argparse.Namespace) -> str:
+    """Where NVML is loaded from without a config: --driver-root-ctr-path, its variables, the default."""
+    given = getattr(args, "driver_root_ctr_path", None)
+    from_env = [os.environ.get(name) for name in DRIVER_ROOT_ENVS]
+    return next((root for root in (given, *from_env) if root), DEFAULT_CONTAINER_DRIVER_ROOT)
+
+
+def run_ordered(args: argparse.Namespace, driver: str) -> int:
+    """The daemons of DRA claims, as the DRA plugin orders them (metrics as in the other mode)."""
+    from functools import partial
+
+    from nvdp.mps.compute_mode import NvmlComputeModes
+    from nvdp.mps.ordered.work import OrderedDaemonsWork
+
+    skeleton = Skeleton(PROG, log, os.environ, guard=False)
+    work = OrderedDaemonsWork(skeleton, container_root(), driver,
+                              env_seconds(PROBE_INTERVAL_ENV, DEFAULT_PROBE_INTERVAL_S),
+                              partial(NvmlComputeModes, container_driver_root(args)))
+    log.info("%s %s (the MPS daemons of DRA driver %s)", PROG, __version__, driver)
+    if args.config_file or getattr(args, "config_dir", None) or os.environ.get("CONFIG_DIR"):
+        log.info("--dra-driver: the config is not read; the DRA plugin's orders say what runs")
+    return skeleton.run(work, serve=lambda: serve_metrics(skeleton, args.metrics_address),
+                        serve_fix="choose another --metrics-address")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.dra_driver:
+        return run_ordered(args, args.dra_driver)
     # The daemon's metrics, no Events (the plugin records those for this node; it only logs them).
     skeleton = Skeleton(PROG, log, os.environ, kubeconfig=args.kubeconfig, guard=False)
     settings = settings_from(args, os.environ)
@@ -114,6 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             parse_address(args.metrics_address)
         except ValueError as err:
             parser.error(f"--metrics-address: {err}")
+    if args.dra_driver is not None and (args.dra_driver in ("", ".", "..") or "/" in args.dra_driver):
+        # It names a folder of the MPS root: one path part, as DRA driver names (DNS names) are.
+        parser.error(f"--dra-driver: {args.dra_driver!r} is not a DRA driver name")
     return run(args)
 
 

@@ -104,6 +104,10 @@ class Releaser:
         self._catch_up_specs(at_start=True)
         for uid, entry in self._book.entries().items():
             self._sharing.adopt(uid, entry.share)
+        if not self._rebuild_pending:
+            # Every prepared claim is known: what no claim uses goes (not before a lost checkpoint's
+            # rebuild, which would stop the daemons of claims still to be found).
+            self._sharing.settle()
         self._book.save()
         self._log.info("Prepared claims on this node: %d", len(self._book.entries()))
         return loaded.problem
@@ -121,6 +125,7 @@ class Releaser:
         if listed is not None and self._rebuild_pending:
             self._rebuild(listed.claims)
             self._rebuild_pending = False
+            self._sharing.settle()
             self._log.info("Rebuilt the prepared claims from the API server: %d", len(self._book.entries()))
         remove_orphaned_specs(self._specs, self._specs.present() - set(self._book), listed, self._log)
 

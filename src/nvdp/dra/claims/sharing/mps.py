@@ -1,36 +1,38 @@
-"""MPS for DRA claims: nvdp's supervised MPS control daemons, one per set of GPUs MPS claims share.
+"""MPS for DRA claims: one MPS control daemon per set of GPUs that MPS claims share, ordered from the
+MPS control-daemon image.
 
 A GPU can serve one MPS server at a time (its compute mode goes to EXCLUSIVE_PROCESS), so claims that
-share a GPU through MPS share its daemon: the daemon of a set of GPUs is started by the first claim
-prepared on exactly that set and stopped (compute mode back to DEFAULT) when the last one is
-unprepared. The daemon's ceiling, which MPS enforces for every client, is the largest limit among the
-claims using it (`nvdp.dra.claims.sharing.mps_limits`): set before its first client can connect, raised when
-a claim
+share a GPU through MPS share its daemon: the daemon of a set of GPUs is ordered by the first claim
+prepared on exactly that set and withdrawn when the last one is unprepared. The daemon's ceiling, which
+MPS enforces for every client, is the largest limit among the claims using it
+(`nvdp.dra.claims.sharing.mps_limits`): set before its first client can connect, raised when a claim
 asking for more joins and lowered when the largest leaves (for the servers started later and the next
 clients of a running one). Each claim's own limits reach its containers as the MPS client variables
 (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) in its CDI spec, which lower
 the ceiling for its clients.
 
-The daemons are `nvdp.mps.supervisor.ResourceDaemon`s, as the MPS control-daemon DaemonSet runs them in
-device-plugin mode: same start-up checks, probes, restarts, status file and readiness marker, under
-`<MPS root>/<driver>/<name>/`, their clients' /dev/shm at `<MPS root>/<driver>/shm`. They run in the DRA
-plugin's container, so a prepare waits for its daemon to answer and fails with the daemon's own error
-when it does not.
+The daemons do not run in the DRA plugin's container, which a restart, crash or upgrade would take
+down with every MPS server and client in it. The plugin writes an order per daemon
+(`nvdp.mps.ordered.orders`) and the MPS image's `<release>-dra-mps` DaemonSet carries it out
+(`nvidia-mps-control-daemon --dra-driver`): the same supervised daemons as in device-plugin mode (start-up
+checks, probes, restarts, status file and readiness marker) under `<MPS root>/<driver>/<name>/`, their
+clients' /dev/shm at `<MPS root>/<driver>/shm`. A prepare waits until the order is carried out and the
+daemon answers, and fails with the daemon's own error when it does not. A restarted plugin adopts what
+its checkpoint says is prepared (`adopt`, the same order again: nothing restarts) and withdraws the
+orders no prepared claim uses any more (`settle`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from msgspec import Struct
 
-from nvdp.daemon.report.recording import Recorder
 from nvdp.dra.claims.sharing.mps_limits import (
     LIMITS_FILE,
     ClaimLimits,
@@ -40,10 +42,19 @@ from nvdp.dra.claims.sharing.mps_limits import (
 )
 from nvdp.inventory.model import Inventory
 from nvdp.mps.commands import MpsGpu, MpsSettings
-from nvdp.mps.compute_mode import ComputeModes
-from nvdp.mps.control import MpsCommandError
+from nvdp.mps.ordered.orders import (
+    Applied,
+    DaemonOrder,
+    changed,
+    order_path,
+    read_applied,
+    read_order,
+    read_orders,
+    remove_order,
+    write_order,
+)
 from nvdp.mps.paths import ResourcePaths
-from nvdp.mps.supervisor import DEFAULT_PROBE_INTERVAL_S, ResourceDaemon
+from nvdp.mps.status import read_status
 
 # Where a claim's containers find the daemon's pipe directory, as NVIDIA's DRA driver mounts it.
 CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
@@ -53,10 +64,19 @@ MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 NO_LIMITS = ClaimLimits()  # the whole GPU
 # How long a prepare waits for a new daemon to answer; the kubelet gives the whole call 45 s.
 READY_WAIT_S = 20.0
+# How often a prepare looks whether its order was carried out (the MPS image looks every 0.2 s).
+POLL_S = 0.05
+# Who carries the orders out, for messages: the chart names its DaemonSet in this variable.
+MPS_RUNNER_ENV = "NVDP_DRA_MPS_DAEMONSET"
+RUNNER = "the MPS image's dra-mps DaemonSet"
 
 
 class MpsUnavailable(Exception):
     """The daemon for a claim's GPUs cannot be had; the message says why and what to do."""
+
+
+class RetuneRefused(Exception):
+    """The running daemon did not take its order's new ceiling (the MPS image's error)."""
 
 
 class MpsMount(Struct, frozen=True):
@@ -75,40 +95,37 @@ def daemon_name(driver: str, gpus: Sequence[str]) -> str:
 
 
 class ClaimMps:
-    """The MPS daemons of this node's DRA claims, and which claims use each."""
+    """The MPS daemons ordered for this node's DRA claims, and which claims use each."""
 
     def __init__(self, *, root: Path, host_root: str, driver: str, inventory: Inventory,
-                 modes_factory: Callable[[], ComputeModes],
-                 log: logging.Logger, recorder: Recorder, ready_wait_s: float = READY_WAIT_S,
-                 probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S) -> None:
+                 log: logging.Logger, ready_wait_s: float = READY_WAIT_S, poll_s: float = POLL_S,
+                 runner: str = RUNNER) -> None:
         self.root = root  # the MPS root as this container sees it
         self.host_root = host_root.rstrip("/") or "/"  # the same on the node, for the CDI mounts
         self.driver = driver
         self.inventory = inventory
-        self._modes_factory = modes_factory
-        self._modes: ComputeModes | None = None
         self.log = log
-        self.recorder = recorder
         self.ready_wait_s = ready_wait_s
-        self.probe_interval_s = probe_interval_s
+        self.poll_s = poll_s
+        self.runner = runner  # who carries the orders out, for messages
         self._lock = threading.Lock()
-        self._daemons: dict[tuple[str, ...], ResourceDaemon] = {}
+        self._orders: dict[tuple[str, ...], DaemonOrder] = {}
         self._claims: dict[tuple[str, ...], dict[str, ClaimLimits]] = {}
 
     def users(self) -> dict[tuple[str, ...], frozenset[str]]:
-        """The claims using each running daemon, by its GPUs."""
+        """The claims using each ordered daemon, by its GPUs."""
         with self._lock:
             return {gpus: frozenset(claims) for gpus, claims in self._claims.items()}
 
     def settings(self, gpus: Sequence[str]) -> MpsSettings | None:
-        """The settings (ceiling included) the daemon of `gpus` runs with; None when it does not run."""
+        """The settings (ceiling included) the daemon of `gpus` is ordered with; None when it is not."""
         with self._lock:
-            daemon = self._daemons.get(self._key(gpus))
-            return daemon.settings if daemon is not None else None
+            order = self._orders.get(self._key(gpus))
+            return order.settings if order is not None else None
 
     def use(self, claim_uid: str, gpus: Sequence[str], limits: ClaimLimits = NO_LIMITS) -> MpsMount:
-        """Start or join the daemon of `gpus` for the claim, waiting until it answers; a running daemon
-        whose ceiling is below the claim's `limits` is raised to them first."""
+        """Order or join the daemon of `gpus` for the claim, waiting until it answers with a ceiling that
+        covers the claim's `limits` (a running daemon below them is raised first)."""
         key = self._key(gpus)
         with self._lock:
             for other, claims in self._claims.items():
@@ -118,101 +135,61 @@ class ClaimMps:
                         f"GPU(s) {', '.join(sorted(set(other) & set(key)))} already run an MPS daemon for "
                         f"the GPU set {', '.join(other)} (claims {', '.join(sorted(uids))}); one GPU serves "
                         "one MPS daemon: claims sharing a GPU through MPS must ask for the same GPUs")
+            previous = self._orders.get(key)
             self._claims.setdefault(key, {})[claim_uid] = limits
-            daemon = self._daemons.get(key)
-            if daemon is None:
-                daemon = self._start(key)
-            else:
-                before = daemon.settings.ceiling or daemon_ceiling(key, [])
-                try:
-                    self._retune(key, daemon)
-                except MpsCommandError as err:
-                    del self._claims[key][claim_uid]
-                    with contextlib.suppress(MpsCommandError):
-                        self._retune(key, daemon)
-                    raise MpsUnavailable(
-                        f"the MPS daemon of {', '.join(key)} runs with the ceiling "
-                        f"{describe_ceiling(key, before)} and did not take the larger limits of this claim "
-                        f"({limits.describe()}): {err}; the kubelet retries the prepare") from None
+            order = self._order(key)
         try:
-            self._wait_ready(daemon)
+            self._wait_done(order)
         except MpsUnavailable:
             self.release(claim_uid)
             raise
+        except RetuneRefused as err:
+            self.release(claim_uid)
+            before = previous.settings.ceiling if previous is not None else None
+            raise MpsUnavailable(
+                f"the MPS daemon of {', '.join(key)} runs with the ceiling "
+                f"{describe_ceiling(key, before or daemon_ceiling(key, []))} and did not take the larger "
+                f"limits of this claim ({limits.describe()}): {err}; the kubelet retries the prepare"
+            ) from None
         return self.mount(key)
 
     def mount(self, gpus: Sequence[str]) -> MpsMount:
         name = daemon_name(self.driver, self._key(gpus))
-        # The DRA plugin's own tmpfs (the chart's init container mounts it), apart from the MPS
-        # control-daemon DaemonSet's <root>/shm, so neither pod's start or stop swaps the other's.
+        # The DRA daemons' own tmpfs (mounted by the dra-mps DaemonSet's init container), apart from the
+        # device-plugin mode's <root>/shm, so neither pod's start or stop swaps the other's.
         return MpsMount(pipe_dir=f"{self.host_root}/{name}/pipe",
                         shm_dir=f"{self.host_root}/{self.driver}/shm")
 
     def release(self, claim_uid: str) -> None:
-        """The claim no longer uses MPS; its daemon stops when no other claim does, and otherwise
-        takes the ceiling of the claims left."""
+        """The claim no longer uses MPS; its daemon's order is withdrawn when no other claim uses it, and
+        otherwise carries the ceiling of the claims left (not waited for: nothing is cut short)."""
         with self._lock:
-            emptied = []
-            for key, claims in self._claims.items():
-                if claims.pop(claim_uid, None) is None:
-                    continue
-                if not claims:
-                    emptied.append(key)
-                elif (daemon := self._daemons.get(key)) is not None:
-                    try:
-                        self._retune(key, daemon)
-                    except MpsCommandError as err:  # the ceiling stays higher: nothing is cut short
-                        self.log.warning("%s: cannot lower the ceiling after claim %s left: %s",
-                                         daemon.name, claim_uid, err)
-            stopping = []
-            for key in emptied:
-                del self._claims[key]
-                daemon = self._daemons.pop(key, None)
-                if daemon is not None:
-                    stopping.append(daemon)
-        for daemon in stopping:
-            (daemon.paths.base / LIMITS_FILE).unlink(missing_ok=True)
-            self.log.info("%s: no claim uses it any more; stopping it", daemon.name)
-            if not daemon.stop():
-                self.log.error("%s: the compute mode of %s could not be restored to DEFAULT", daemon.name,
-                               ", ".join(daemon.uuids))
+            for key in [k for k, claims in self._claims.items() if claim_uid in claims]:
+                del self._claims[key][claim_uid]
+                self._order(key)
 
     def adopt(self, claim_uid: str, gpus: Sequence[str], limits: ClaimLimits = NO_LIMITS) -> None:
-        """At start-up: a claim prepared before a restart uses MPS on `gpus`; start its daemon again
-        (not waited for: the claim's pods reconnect once it answers), with the ceiling of every claim
-        adopted so far."""
+        """At start-up: a claim prepared before a restart uses MPS on `gpus`. Its daemon's order is
+        written again only where it changed (a daemon that runs keeps running); not waited for."""
         key = self._key(gpus)
         with self._lock:
             self._claims.setdefault(key, {})[claim_uid] = limits
-            daemon = self._daemons.get(key)
-            if daemon is None:
-                self._start(key)
-                return
-            try:
-                self._retune(key, daemon)
-            except MpsCommandError as err:
-                self.log.error("%s: cannot raise the ceiling for claim %s: %s", daemon.name, claim_uid, err)
+            self._order(key)
+
+    def settle(self) -> None:
+        """Once every prepared claim is adopted: withdraw the orders on disk that no prepared claim uses
+        (left by a plugin that stopped between ordering a daemon and recording its claim)."""
+        with self._lock:
+            for name, order in read_orders(self.root, self.driver).items():
+                key = tuple(g.uuid for g in order.settings.gpus)
+                if not self._claims.get(key):
+                    self.log.info("%s: no prepared claim uses it; withdrawing its order", name)
+                    self._withdraw(key, name)
 
     def stop(self) -> bool:
-        """Stop every daemon (shut-down) and clean up the node as the MPS control daemon does on its
-        final stop: pipe folders and markers go, and the clients' tmpfs this pod mounted is detached
-        (pods still using it keep it; the next start mounts a fresh one). False when a compute mode
-        stayed changed."""
-        from nvdp.mps.host_setup import clean_up
-
-        with self._lock:
-            daemons = list(self._daemons.values())
-            self._daemons.clear()
-            self._claims.clear()
-        restored = True
-        for daemon in daemons:
-            restored = daemon.stop() and restored
-            (daemon.paths.base / LIMITS_FILE).unlink(missing_ok=True)  # none of its claims is served
-        if self._modes is not None:
-            self._modes.close()
-            self._modes = None
-        clean_up([d.settings for d in daemons], self.root, f"{self.host_root}/{self.driver}")
-        return restored
+        """Shut-down: the daemons run on in the MPS image's pod, serving the claims still prepared; a
+        restarted plugin adopts them. Nothing to undo here."""
+        return True
 
     # --- inside ------------------------------------------------------------------------------------
 
@@ -235,43 +212,74 @@ class ClaimMps:
         ceiling = daemon_ceiling(key, self._claims.get(key, {}).values())
         return MpsSettings(resource_name=daemon_name(self.driver, key), gpus=tuple(gpus), ceiling=ceiling)
 
-    def _start(self, key: tuple[str, ...]) -> ResourceDaemon:
-        if self._modes is None:
-            self._modes = self._modes_factory()
+    def _order(self, key: tuple[str, ...]) -> DaemonOrder:
+        """Write the daemon's order as its claims now say (withdrawn when none is left); the order in
+        force. Held under the lock. MpsUnavailable when the MPS root cannot be written."""
+        claims = self._claims.get(key, {})
         settings = self._settings(key)
-        daemon = ResourceDaemon(settings, ResourcePaths(self.root, settings.resource_name), self._modes,
-                                self.log, self.probe_interval_s, recorder=self.recorder)
-        self.log.info("Starting the MPS control daemon %s", settings.describe())
-        self._write_limits(key, daemon)
-        daemon.start()
-        self._daemons[key] = daemon
-        return daemon
-
-    def _retune(self, key: tuple[str, ...], daemon: ResourceDaemon) -> None:
-        """Give a running daemon the ceiling of its claims now, if that changed (MpsCommandError)."""
-        settings = self._settings(key)
-        if settings.ceiling != daemon.settings.ceiling:
-            daemon.retune(settings)
-        self._write_limits(key, daemon)
-
-    def _write_limits(self, key: tuple[str, ...], daemon: ResourceDaemon) -> None:
-        ceiling = daemon.settings.ceiling or daemon_ceiling(key, [])
+        if not claims:
+            self._withdraw(key, settings.resource_name)
+            return DaemonOrder(settings=settings, generation=0)
+        before = self._orders.get(key) or read_order(order_path(self.root, DaemonOrder(settings, 0)))
+        if before is not None and not changed(before, settings, claims):
+            self._orders[key] = before
+            return before
+        order = DaemonOrder(settings=settings, generation=(before.generation if before else 0) + 1,
+                            claims=tuple(sorted(claims)))
         try:
-            daemon.paths.base.mkdir(parents=True, exist_ok=True)
-            write_limits(daemon.paths.base / LIMITS_FILE, key, ceiling, self._claims.get(key, {}))
-        except OSError as err:  # only nvdp doctor reads it; the daemon's own status says more
-            self.log.warning("%s: cannot write %s: %s", daemon.name, LIMITS_FILE, err)
+            write_order(self.root, order)
+        except OSError as err:
+            raise MpsUnavailable(f"cannot write the MPS daemon's order under {self.root}: {err}; the MPS "
+                                 "root must be writable by the DRA plugin (chart value mps.root)") from None
+        self._orders[key] = order
+        self._write_limits(key, order)
+        self.log.info("Ordered the MPS control daemon %s (generation %d, claims %s)", settings.describe(),
+                      order.generation, ", ".join(order.claims))
+        return order
 
-    def _wait_ready(self, daemon: ResourceDaemon) -> None:
+    def _withdraw(self, key: tuple[str, ...], name: str) -> None:
+        self._orders.pop(key, None)
+        self._claims.pop(key, None)
+        remove_order(self.root, self.driver, name)
+        (ResourcePaths(self.root, name).base / LIMITS_FILE).unlink(missing_ok=True)
+        self.log.info("Withdrew the order of the MPS control daemon %s: no claim uses it", name)
+
+    def _write_limits(self, key: tuple[str, ...], order: DaemonOrder) -> None:
+        ceiling = order.settings.ceiling or daemon_ceiling(key, [])
+        base = ResourcePaths(self.root, order.name).base
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            write_limits(base / LIMITS_FILE, key, ceiling, self._claims.get(key, {}))
+        except OSError as err:  # only nvdp doctor reads it; the daemon's own status says more
+            self.log.warning("%s: cannot write %s: %s", order.name, LIMITS_FILE, err)
+
+    def _wait_done(self, order: DaemonOrder) -> None:
+        """Until the MPS image carried out `order` (or a later one) and the daemon answers.
+        RetuneRefused when it refused the order's ceiling; MpsUnavailable after ready_wait_s."""
+        paths = ResourcePaths(self.root, order.name)
         deadline = time.monotonic() + self.ready_wait_s
-        while not daemon.paths.ready_marker.exists():
+        while True:
+            applied = read_applied(paths.base)
+            if applied is not None and applied.generation >= order.generation:
+                if applied.error is not None and applied.generation == order.generation:
+                    raise RetuneRefused(applied.error)
+                if paths.ready_marker.exists():
+                    return
             if time.monotonic() > deadline:
-                why = daemon.last_error or "it did not answer"
-                raise MpsUnavailable(
-                    f"the MPS control daemon for {', '.join(daemon.uuids)} is not ready after "
-                    f"{self.ready_wait_s:g}s: {why}; see the plugin's log and {daemon.paths.status_file}; "
-                    "the kubelet retries the prepare")
-            time.sleep(0.05)
+                raise MpsUnavailable(self._not_done(order, applied, paths))
+            time.sleep(self.poll_s)
+
+    def _not_done(self, order: DaemonOrder, applied: Applied | None, paths: ResourcePaths) -> str:
+        gpus = ", ".join(g.uuid for g in order.settings.gpus)
+        if applied is None or applied.generation < order.generation:
+            why = (f"its order (generation {order.generation}) was not taken: {self.runner} does not run "
+                   "on this node or cannot read the MPS root; check that DaemonSet's pod on this node and "
+                   "its log")
+        else:
+            status = read_status(paths.status_file)
+            why = (status.error if status is not None and status.error else None) or "it did not answer"
+        return (f"the MPS control daemon for {gpus} is not ready after {self.ready_wait_s:g}s: {why}; see "
+                f"{paths.status_file}; the kubelet retries the prepare")
 
 
 def claim_limits(thread_percentage: int | None, memory_mib: Sequence[tuple[str, int | None]]) -> ClaimLimits:

@@ -222,5 +222,10 @@ class NodeSharing:
                 self.log.error("Claim %s used MPS on %s before the restart, and its daemon cannot start "
                                "again: %s", claim_uid, ", ".join(share.mps_gpus), err)
 
+    def settle(self) -> None:
+        """Once every prepared claim is adopted: the MPS daemons no claim uses are withdrawn."""
+        if self.mps is not None:
+            self.mps.settle()
+
     def stop(self) -> bool:
         return self.mps.stop() if self.mps is not None else True

@@ -1,0 +1,82 @@
+"""`mps-control-daemon --dra-driver`'s work on the daemon skeleton: the DRA plugin's orders, carried out.
+
+No config file, no per-node config, no API access: the orders under `<MPS root>/<driver>/orders` say
+everything. An MPS root that cannot hold the daemons' state ends the start (exit 1, with the fix)
+before any compute mode changes; then the orders are read at `begin` and every ORDER_POLL_S, and the
+final stop (SIGTERM) stops every daemon and restores the compute modes (exit 1 if one stayed changed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from nvdp.daemon.pernode.nodeconfig import Chosen
+from nvdp.daemon.runloop import EXIT_FAILED, Wakes
+from nvdp.daemon.skeleton import DaemonWork, Skeleton
+from nvdp.mps.compute_mode import ComputeModes
+from nvdp.mps.ordered.daemons import ModesUnavailable, OrderedDaemons
+from nvdp.mps.ordered.orders import orders_dir
+from nvdp.mps.paths import unusable_root, unusable_root_message
+from nvdp.mps.work import CannotStart
+
+# How often the orders are read: a prepare waits for its order, and a pass over a few files is cheap.
+ORDER_POLL_S = 0.2
+
+
+class OrderedDaemonsWork(DaemonWork):
+    """Carries out the orders of DRA driver `driver` under `root` (the MPS root in this container)."""
+
+    def __init__(self, skeleton: Skeleton, root: Path, driver: str, probe_interval_s: float,
+                 modes_factory: Callable[[], ComputeModes]) -> None:
+        self.skeleton = skeleton
+        self.log = skeleton.log
+        self.root = root
+        self.driver = driver
+        self.daemons = OrderedDaemons(root, driver, modes_factory, skeleton.log, probe_interval_s,
+                                      recorder=skeleton.recorder)
+        self._checked = False
+
+    def switch(self, chosen: Chosen | None) -> None:
+        # Called once at start (no config to choose) and on SIGHUP, which has nothing to reload.
+        if self._checked:
+            self.log.info("nothing to reload: the orders are read every %gs", ORDER_POLL_S)
+            return
+        problem = unusable_root(self.root, self.root / self.driver)
+        if problem is not None:
+            # Exit so the pod shows the failure (CrashLoopBackOff) instead of looking Running.
+            raise CannotStart(unusable_root_message(self.root, problem))
+        self._checked = True
+
+    def begin(self) -> int | None:
+        self.log.info("carrying out the MPS daemon orders of DRA driver %s in %s", self.driver,
+                      orders_dir(self.root, self.driver))
+        return self._pass()
+
+    def step(self, wakes: Wakes) -> int | None:
+        return self._pass()
+
+    def wake_after(self) -> float | None:
+        return ORDER_POLL_S
+
+    def finish(self, code: int) -> int:
+        """The final stop: daemons down, compute modes back to DEFAULT, host state cleaned up."""
+        self.log.info("stopping the MPS daemons of DRA driver %s (their orders stay)", self.driver)
+        if not self.daemons.stop():
+            self.log.error("stopped, but a GPU's compute mode could not be restored to DEFAULT (see above)")
+            return code or EXIT_FAILED
+        return code
+
+    def stop(self) -> None:
+        # After a failed start or a fatal error too; a no-op after `finish`.
+        self.daemons.stop()
+
+    def _pass(self) -> int | None:
+        try:
+            self.daemons.reconcile()
+        except ModesUnavailable as err:
+            # As in device-plugin mode: a node where compute modes cannot be set gets no daemons; the
+            # pod restarts (and shows why) rather than look healthy while every prepare times out.
+            self.log.error("cannot start an MPS control daemon: %s", err)
+            return EXIT_FAILED
+        return None
