@@ -345,3 +345,17 @@ def test_the_dra_mps_daemonset_takes_the_mps_image_and_resources_settings() -> N
         assert ctr["imagePullPolicy"] == "Never"
         assert ctr["resources"] == {"requests": {"cpu": "1m", "memory": "1Mi"}}
     assert_valid([ds], DRA_VERSIONS)
+
+
+def test_the_dra_plugin_surges_on_upgrade_with_sockets_named_after_its_pod() -> None:
+    ds = daemonset()
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    ctr = container(ds, CTR)
+    (uid,) = [e for e in ctr["env"] if e["name"] == "POD_UID"]
+    assert uid["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    # null falls back to the chart-wide value (one node at a time, the old pod stopped first).
+    assert daemonset({"dra": {"updateStrategy": None}})["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    # The others keep the chart-wide value.
+    plugin = render({"dra": {"enabled": True, "defaultMode": "device-plugin"}}).daemonsets()[PLUGIN_DAEMONSET]
+    assert plugin["spec"]["updateStrategy"] == {"type": "RollingUpdate"}

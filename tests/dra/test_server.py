@@ -342,3 +342,76 @@ def test_stop_leaves_a_socket_another_instance_took_over(dirs: tuple[Path, Path]
 def test_start_twice_is_refused(server: DraServer) -> None:
     with pytest.raises(RuntimeError, match="already started"):
         server.start()
+
+
+# --- rolling updates: two instances side by side ----------------------------------------------------
+
+OLD_UID = "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0"
+NEW_UID = "11111111-2222-4333-8444-555555555555"
+
+
+def instance_server(dirs: tuple[Path, Path], driver: Driver, instance: str) -> DraServer:
+    plugin_dir, registry_dir = dirs
+    return DraServer(driver=DRIVER, plugin_dir=str(plugin_dir), registry_dir=str(registry_dir),
+                     prepare=driver.prepare, unprepare=driver.unprepare, log=LOG,
+                     on_registered=driver.on_registered, instance=instance)
+
+
+@pytest.mark.slow
+def test_two_instances_serve_side_by_side_on_sockets_named_after_their_pods(dirs: tuple[Path, Path]) -> None:
+    plugin_dir, registry_dir = dirs
+    plugin_dir.mkdir(parents=True)
+    registry_dir.mkdir(parents=True)
+    old_driver, new_driver = Driver(), Driver()
+    old = instance_server(dirs, old_driver, OLD_UID)
+    new = instance_server(dirs, new_driver, NEW_UID)
+    old.start()
+    try:
+        new.start()
+        try:
+            assert old.plugin_socket == str(plugin_dir / f"dra-{OLD_UID}.sock")
+            assert new.registration_socket == str(registry_dir / f"{DRIVER}-{NEW_UID}-reg.sock")
+            # Each registration names its own endpoint; both answer.
+            for srv in (old, new):
+                with grpc.insecure_channel(f"unix://{srv.registration_socket}") as channel:
+                    info = reg_grpc.RegistrationStub(channel).GetInfo(reg_pb.InfoRequest(), timeout=5)
+                assert info.name == DRIVER and info.endpoint == srv.plugin_socket
+            assert old.check_sockets() and new.check_sockets()
+        finally:
+            new.stop()
+        # The new one's stop removed only its own sockets.
+        assert sorted(os.listdir(plugin_dir)) == [f"dra-{OLD_UID}.sock"]
+        assert sorted(os.listdir(registry_dir)) == [f"{DRIVER}-{OLD_UID}-reg.sock"]
+    finally:
+        old.stop()
+    assert os.listdir(plugin_dir) == [] and os.listdir(registry_dir) == []
+
+
+@pytest.mark.slow
+def test_a_killed_instances_sockets_go_and_nobody_elses(dirs: tuple[Path, Path], driver: Driver) -> None:
+    plugin_dir, registry_dir = dirs
+    plugin_dir.mkdir(parents=True)
+    registry_dir.mkdir(parents=True)
+    dead = [plugin_dir / f"dra-{OLD_UID}.sock", registry_dir / f"{DRIVER}-{OLD_UID}-reg.sock"]
+    kept = [registry_dir / f"{DRIVER}-reg.sock",  # an older plugin's fixed name: its own to remove
+            registry_dir / f"{DRIVER}-other-reg.sock",  # not a pod UID: another driver's, maybe
+            plugin_dir / "dra-notes.sock"]
+    for path in dead + kept:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.bind(str(path))  # bound and closed: nothing listens, as after a SIGKILL
+    (plugin_dir / f"dra-{OLD_UID}.txt").write_text("not a socket\n")
+    srv = instance_server(dirs, driver, NEW_UID)
+    srv.start()
+    try:
+        assert not any(p.exists() for p in dead)
+        assert all(p.exists() for p in kept) and (plugin_dir / f"dra-{OLD_UID}.txt").exists()
+    finally:
+        srv.stop()
+
+
+def test_an_instance_name_that_is_not_a_pod_uid_is_refused() -> None:
+    from nvdp.dra.main import check_start
+
+    assert check_start(DRIVER, "node-a", NEW_UID) is None
+    problem = check_start(DRIVER, "node-a", "../x")
+    assert problem is not None and "--instance / POD_UID: '../x' is not a pod UID" in problem

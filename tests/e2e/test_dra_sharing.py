@@ -22,6 +22,7 @@ users already have for the device plugin), on the fake driver root of the CDI sc
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -145,16 +146,19 @@ def host_file(cluster: Cluster, path: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def install_values(host: HostSetup) -> list[str]:
+    return ["--set", "dra.enabled=true", "--set", f"nvidiaDriverRoot={host.driver_root}",
+            "--set", "nvidiaDevRoot=/", "--set", f"cdi.nvidiaHookPath={host.hook}",
+            "--set-file", f"config.map.config={DATA / 'dra-time-slicing-10.yaml'}"]  # fmt: skip
+
+
 # --- the story ------------------------------------------------------------------------------------------
 
 
 def test_install_publishes_the_t4_as_ten_replicas(cluster: Cluster, release: Release, host: HostSetup,
                                                    timings: Timings) -> None:
     with timings.measure(SCENARIO, "helm install (dra.enabled, time-slicing x10) --wait"):
-        done = release.install(
-            "--set", "dra.enabled=true", "--set", f"nvidiaDriverRoot={host.driver_root}",
-            "--set", "nvidiaDevRoot=/", "--set", f"cdi.nvidiaHookPath={host.hook}",
-            "--set-file", f"config.map.config={DATA / 'dra-time-slicing-10.yaml'}", check=False)
+        done = release.install(*install_values(host), check=False)
     assert done.returncode == 0, f"{done.stderr[-2000:]}\n{plugin_log(cluster, release)}"
     devices, seconds = cluster.wait_for("the shared T4 in the slice",
                                         lambda: slice_devices(cluster).get("gpu-0"), 60,
@@ -311,6 +315,58 @@ def test_a_plain_gpu_pod_runs_through_the_extended_resource_class(cluster: Clust
     status = cluster.kubectl_json("get", "pod", "-n", NAMESPACE, "plain")["status"]
     assert status.get("extendedResourceClaimStatus", {}).get("resourceClaimName"), status
     delete_pods(cluster)
+
+
+UPGRADE_PODS = 6  # claim pods created while the DRA plugin rolls, one every UPGRADE_EVERY_S
+UPGRADE_EVERY_S = 1.0
+
+
+def rolled_upgrade(cluster: Cluster, release: Release, images: Images, host: HostSetup, timings: Timings,
+                   how: str, *values: str) -> tuple[int, float]:
+    """`helm upgrade` that rolls the DRA plugin's pods (a new pod annotation) while claim pods keep
+    coming; the kubelet's failed prepares among them and the slowest pod's create -> Ready."""
+    old = {p["metadata"]["name"] for p in release.pods("dra-plugin")}
+    upgrade = threading.Thread(target=lambda: release.upgrade(
+        *install_values(host), "--set", f"podAnnotations.nvdp-e2e-roll={how}", *values))
+    started = time.monotonic()
+    upgrade.start()
+    created: dict[str, float] = {}
+    for i in range(UPGRADE_PODS):
+        name = f"roll-{how}-{i}"
+        cluster.apply(pod(name, images.plugin, "replica"))
+        created[name] = time.monotonic()
+        time.sleep(UPGRADE_EVERY_S)
+    upgrade.join()
+    timings.add(SCENARIO, f"helm upgrade --wait, the DRA plugin rolled ({how})", time.monotonic() - started)
+    slowest = 0.0
+    for name, at in created.items():
+        def is_ready(name: str = name) -> bool:
+            return phase(cluster, name) == "Ready"
+
+        cluster.wait_for(f"pod {name} Ready", is_ready, POD_READY_S,
+                         diagnose=diagnose(cluster, release, name))
+        slowest = max(slowest, time.monotonic() - at)
+    assert not {p["metadata"]["name"] for p in release.pods("dra-plugin")} & old, "the plugin's pod rolled"
+    events = cluster.kubectl_json("get", "events", "-n", NAMESPACE)["items"]
+    failed = [e for e in events if e.get("type") == "Warning" and "Prepare" in e.get("reason", "")
+              and str(e.get("involvedObject", {}).get("name", "")).startswith(f"roll-{how}-")]
+    timings.add(SCENARIO, f"upgrade ({how}): failed prepares among {UPGRADE_PODS} claim pods", len(failed))
+    timings.add(SCENARIO, f"upgrade ({how}): slowest claim pod create -> Ready", slowest)
+    delete_pods(cluster)
+    cluster.wait_for("the claims to go", lambda: no_claims_left(cluster), 120)
+    return len(failed), slowest
+
+
+def test_a_helm_upgrade_of_the_dra_plugin_leaves_no_gap(cluster: Cluster, release: Release, images: Images,
+                                                        host: HostSetup, timings: Timings) -> None:
+    """The default surge (the new pod registered beside the old one, sockets named after each pod)
+    against the old way (dra.updateStrategy=null: the old pod stopped first)."""
+    stop_first = rolled_upgrade(cluster, release, images, host, timings, "stop-first",
+                                "--set", "dra.updateStrategy=null")
+    surge = rolled_upgrade(cluster, release, images, host, timings, "surge")
+    print(f"helm upgrade of the DRA plugin under a stream of {UPGRADE_PODS} claim pods: failed prepares, "
+          f"slowest create -> Ready: stop-first {stop_first}, surge {surge}")
+    assert surge[0] == 0, "a surge serves every prepare"
 
 
 def test_uninstall_leaves_no_mps_daemon(cluster: Cluster, release: Release) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -30,6 +31,8 @@ DRIVER_ENV = DRA_DRIVER_ENV
 PLUGINS_DIR_ENV = "KUBELET_PLUGINS_DIR"
 POD_RESOURCES_ENV = "KUBELET_POD_RESOURCES_SOCKET"
 REGISTRAR_DIR_ENV = "KUBELET_REGISTRAR_DIR"
+# The pod's UID (the chart sets it from metadata.uid): sockets of their own, for a rolling update.
+INSTANCE_ENV = "POD_UID"
 CDI_ROOT_ENV = "CDI_ROOT"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRAR_DIR = "/var/lib/kubelet/plugins_registry"
@@ -66,16 +69,25 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
                        help="the kubelet's pod-resources socket: which containers hold which claims, the "
                             f"proof a claim gone from the API server is no longer used here (env "
                             f"{POD_RESOURCES_ENV}; default %(default)s)")
+    group.add_argument("--instance", default=env.get(INSTANCE_ENV) or "", metavar="UID",
+                       help="name this instance's kubelet sockets after UID (dra-UID.sock, "
+                            "<driver>-UID-reg.sock), so that a new pod serves beside the old one during a "
+                            f"rolling update (kubelet 1.33 or later; env {INSTANCE_ENV}, the pod's UID); "
+                            "empty: dra.sock and <driver>-reg.sock")
     group.add_argument("--cdi-root", default=env.get(CDI_ROOT_ENV) or DEFAULT_CDI_ROOT,
                        help=f"where the per-claim CDI specs go (env {CDI_ROOT_ENV}; default %(default)s)")
     return parser
 
 
-def check_start(driver: str, node: str) -> str | None:
+def check_start(driver: str, node: str, instance: str = "") -> str | None:
     """Why the plugin cannot start with these settings (a usage error); None when it may."""
     problem = check_driver_name(driver)
     if problem is not None:
         return f"--driver-name / {DRIVER_ENV}: {problem}"
+    if instance and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}", instance):
+        return (f"--instance / {INSTANCE_ENV}: {instance!r} is not a pod UID (letters, digits and '-', up to "
+                "63): it names this instance's sockets; set it from the pod's metadata.uid (the chart does) "
+                "or leave it empty")
     if not node:
         return ("NODE_NAME is not set: the DRA plugin publishes this node's pool under its name; set it "
                 "from the pod's spec.nodeName (the chart does)")
@@ -88,7 +100,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str], log: logging.Logger) -
     from nvdp.dra.probes import serve_probes
     from nvdp.dra.work import DraWork
 
-    problem = check_start(args.driver_name, node_name(env))
+    problem = check_start(args.driver_name, node_name(env), args.instance)
     if problem is not None:
         log.error("%s", problem)
         return EXIT_USAGE

@@ -261,7 +261,8 @@ class DraWork(DaemonWork):
                                 registry_dir=self.args.kubelet_registrar_dir,
                                 prepare=self.preparer.prepare, unprepare=self.preparer.unprepare,
                                 log=self.log, on_registered=self.on_registered, recorder=self.recorder,
-                                node=self.node, prepared=self.preparer.prepared, health=self.slices.feed)
+                                node=self.node, prepared=self.preparer.prepared, health=self.slices.feed,
+                                instance=self.args.instance)
         self.server.start()
         self.start_health()
         self.not_serving_reason = None

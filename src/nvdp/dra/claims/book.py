@@ -7,6 +7,9 @@ effect it announces.
 The node-wide lock (`node_lock`) is held around every change: a thread lock for this process and an
 `flock` on a file in the plugin's folder, so a second plugin instance (a rolling update) waits its
 turn. Waiting longer than the kubelet would is answered with TimeoutError, which the kubelet retries.
+Whoever takes the lock first asks `changed_elsewhere`: the file is not the one this instance last read
+or wrote (another instance saved since), and `reload` reads it again, so the checkpoint has one writer at
+a time and each writer starts from the last one's records.
 """
 
 from __future__ import annotations
@@ -26,11 +29,32 @@ class ClaimBook:
     def __init__(self, path: str) -> None:
         self.path = path
         self._claims: dict[str, ClaimEntry] = {}
+        self._seen: tuple[int, int, int] | None = None  # the file as this instance last read or wrote it
 
     def load(self) -> Loaded:
         loaded = load_checkpoint(self.path)
         self._claims = dict(loaded.claims)
+        self._seen = self._identity()
         return loaded
+
+    def changed_elsewhere(self) -> bool:
+        """Whether another process saved the checkpoint since this instance last read or wrote it
+        (every save replaces the file, so its inode, time and size say so)."""
+        return self._identity() != self._seen
+
+    def reload(self) -> tuple[set[str], set[str]]:
+        """Read the checkpoint again; the claims it added and those it dropped."""
+        before = set(self._claims)
+        self.load()
+        after = set(self._claims)
+        return after - before, before - after
+
+    def _identity(self) -> tuple[int, int, int] | None:
+        try:
+            found = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (found.st_ino, found.st_mtime_ns, found.st_size)
 
     def get(self, uid: str) -> ClaimEntry | None:
         return self._claims.get(uid)
@@ -63,6 +87,7 @@ class ClaimBook:
 
     def save(self) -> None:
         save_checkpoint(self.path, self._claims)
+        self._seen = self._identity()
 
 
 class SaveEntry:

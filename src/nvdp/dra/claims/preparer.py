@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from msgspec.structs import replace
@@ -109,6 +109,7 @@ class ClaimPreparer:
             return
         try:
             with node_lock(self._lock, self._lock_path, CATCH_UP_WAIT_S):
+                self._follow()
                 self._release.retry_rebuild()
                 self._report_pending()
         except TimeoutError:
@@ -320,8 +321,27 @@ class ClaimPreparer:
                                f"{', '.join(missing)} are no longer on this node")
         return [view.devices[n] for n in names]
 
-    def _locked(self) -> contextlib.AbstractContextManager[None]:
-        return node_lock(self._lock, self._lock_path, LOCK_WAIT_S)
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with node_lock(self._lock, self._lock_path, LOCK_WAIT_S):
+            self._follow()
+            yield
+
+    def _follow(self) -> None:
+        """Under the node lock: take over what another instance of this plugin (the old pod of a rolling
+        update, which may finish calls after this one started) recorded since this one last looked."""
+        if not self._book.changed_elsewhere():
+            return
+        added, dropped = self._book.reload()
+        for uid in dropped:
+            self._sharing.release(uid)  # the other instance undid it; its MPS order follows
+        for uid in added:
+            entry = self._book[uid]
+            if entry.state == COMPLETED:
+                self._sharing.adopt(uid, entry.share)
+        if added or dropped:
+            self._log.info("The checkpoint was changed by another instance of this plugin (a rolling "
+                           "update): %d claim(s) prepared there, %d released there", len(added), len(dropped))
 
 
 def _made(steps: Sequence[Step]) -> dict[str, MigDevice]:

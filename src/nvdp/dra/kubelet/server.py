@@ -2,8 +2,13 @@
 
 The kubelet finds the plugin through `<registry_dir>/<driver>-reg.sock` (its plugin watcher), asks
 GetInfo there, and then calls NodePrepareResources / NodeUnprepareResources on the endpoint GetInfo
-names, `<plugin_dir>/dra.sock`. This module turns those calls into plain records (`ClaimRef`) for
-the `prepare` / `unprepare` callbacks and their answers back into messages; it holds no claim state.
+names, `<plugin_dir>/dra.sock`. With an instance name (the pod's UID) the two are
+`<driver>-<instance>-reg.sock` and `dra-<instance>.sock`: the kubelet (1.33 and later) then keeps the
+registrations of two instances of one driver side by side and calls the newest, so a DaemonSet that
+surges serves without a gap while the old pod finishes its calls (kubelet's pluginwatcher README,
+"Seamless Upgrade"; the DRA helper's `RollingUpdate` option names them the same way). This module turns
+those calls into plain records (`ClaimRef`) for the `prepare` / `unprepare` callbacks and their answers
+back into messages; it holds no claim state.
 
 Each socket has a gRPC server of its own (sharing one thread pool): gRPC cannot add a listening
 socket to a server that already runs, and a registration socket removed behind the plugin's back
@@ -15,8 +20,10 @@ appears, and a stale socket from an earlier instance is replaced in one step.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import stat
 import threading
 from collections.abc import Callable, Sequence
@@ -45,6 +52,8 @@ registration_pb: Any = pluginregistration_v1_pb2
 PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 PLUGIN_SOCKET = "dra.sock"
+# What the kubelet gives a pod as metadata.uid: only such instance names are taken for this plugin's.
+_POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 _WORKERS = 8
 # Calls beyond this (running and queued) are refused at once instead of queueing without bound.
@@ -56,12 +65,39 @@ Prepare = Callable[[Sequence[ClaimRef]], dict[str, PrepareResult]]  # keyed by c
 Unprepare = Callable[[Sequence[ClaimRef]], dict[str, str]]  # claim uid -> error ("" = done)
 
 
-def plugin_socket_path(plugin_dir: str) -> str:
-    return os.path.join(plugin_dir, PLUGIN_SOCKET)
+def remove_dead_instances(folder: str, prefix: str, suffix: str, keep: str) -> list[str]:
+    """Remove the sockets `<prefix><pod UID><suffix>` in `folder` that nothing serves (left by an
+    instance that was killed); a live instance's socket, `keep`, and any other name (another driver's,
+    whose name may start the same) stay. The removed paths."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(folder, name)
+        middle = name[len(prefix):-len(suffix)] if name.startswith(prefix) and name.endswith(suffix) else ""
+        if path == keep or not _POD_UID.fullmatch(middle):
+            continue
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                continue
+            accepts(path)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            removed.append(path)
+    return removed
 
 
-def registration_socket_path(registry_dir: str, driver: str) -> str:
-    return os.path.join(registry_dir, f"{driver}-reg.sock")
+def plugin_socket_path(plugin_dir: str, instance: str = "") -> str:
+    return os.path.join(plugin_dir, f"dra-{instance}.sock" if instance else PLUGIN_SOCKET)
+
+
+def registration_socket_path(registry_dir: str, driver: str, instance: str = "") -> str:
+    return os.path.join(registry_dir, f"{driver}-{instance}-reg.sock" if instance else f"{driver}-reg.sock")
 
 
 def _refs(claims: Any) -> list[ClaimRef]:
@@ -245,13 +281,17 @@ class DraServer:
         self, *, driver: str, plugin_dir: str, registry_dir: str, prepare: Prepare, unprepare: Unprepare,
         log: logging.Logger, on_registered: Callable[[bool, str], None], recorder: Recorder | None = None,
         node: str = "", prepared: Prepared | None = None, health: HealthFeed | None = None,
+        instance: str = "",
     ) -> None:
         """`recorder` counts and times the kubelet's calls; `prepared` lists the claims prepared now
         (for the prepared-devices gauge of `node`); `health`, when given, is served as the kubelet's
-        DRAResourceHealth service (every version) on the DRA socket."""
+        DRAResourceHealth service (every version) on the DRA socket; `instance` (the pod's UID) names
+        the sockets of this instance, for a rolling update beside another."""
         self.driver = driver
-        self.plugin_socket = plugin_socket_path(plugin_dir)
-        self.registration_socket = registration_socket_path(registry_dir, driver)
+        self.plugin_socket = plugin_socket_path(plugin_dir, instance)
+        self.registration_socket = registration_socket_path(registry_dir, driver, instance)
+        self._instance = instance
+        self._dirs = (plugin_dir, registry_dir)
         self._log = log
         self._on_registered = on_registered
         self._lock = threading.Lock()
@@ -294,6 +334,13 @@ class DraServer:
                                "the kubelet plugin registry folder"),
                 self._add_registration, self._executor,
             )
+            if self._instance:
+                # Sockets of instances that were killed: nothing serves them, the kubelet's watcher
+                # keeps trying them. A live instance (a rolling update's other pod) is left alone.
+                for path in (*remove_dead_instances(self._dirs[0], "dra-", ".sock", self.plugin_socket),
+                             *remove_dead_instances(self._dirs[1], f"{self.driver}-", "-reg.sock",
+                                                    self.registration_socket)):
+                    self._log.info("Removed %s: left by an instance of this plugin that no longer runs", path)
             try:
                 self._dra.start()
                 self._log.info("Serving DRA driver %s (%s) on %s", self.driver, ", ".join(SUPPORTED_VERSIONS),

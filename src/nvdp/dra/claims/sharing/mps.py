@@ -220,7 +220,11 @@ class ClaimMps:
         if not claims:
             self._withdraw(key, settings.resource_name)
             return DaemonOrder(settings=settings, generation=0)
-        before = self._orders.get(key) or read_order(order_path(self.root, DaemonOrder(settings, 0)))
+        # The file, not only this instance's memory: another instance (the old pod of a rolling update)
+        # may have written a later generation.
+        on_disk = read_order(order_path(self.root, DaemonOrder(settings, 0)))
+        known = self._orders.get(key)
+        before = max((o for o in (on_disk, known) if o is not None), key=lambda o: o.generation, default=None)
         if before is not None and not changed(before, settings, claims):
             self._orders[key] = before
             return before
