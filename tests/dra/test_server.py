@@ -374,7 +374,8 @@ def test_two_instances_serve_side_by_side_on_sockets_named_after_their_pods(dirs
             # Each registration names its own endpoint; both answer.
             for srv in (old, new):
                 with grpc.insecure_channel(f"unix://{srv.registration_socket}") as channel:
-                    info = reg_grpc.RegistrationStub(channel).GetInfo(reg_pb.InfoRequest(), timeout=5)
+                    stub = server_module.registration_grpc.RegistrationStub(channel)
+                    info = stub.GetInfo(reg_pb.InfoRequest(), timeout=5)
                 assert info.name == DRIVER and info.endpoint == srv.plugin_socket
             assert old.check_sockets() and new.check_sockets()
         finally:

@@ -30,17 +30,19 @@ class ClaimBook:
         self.path = path
         self._claims: dict[str, ClaimEntry] = {}
         self._seen: tuple[int, int, int] | None = None  # the file as this instance last read or wrote it
+        self._loaded = False  # before the start's load, the start decides what the file means
 
     def load(self) -> Loaded:
         loaded = load_checkpoint(self.path)
         self._claims = dict(loaded.claims)
         self._seen = self._identity()
+        self._loaded = True
         return loaded
 
     def changed_elsewhere(self) -> bool:
         """Whether another process saved the checkpoint since this instance last read or wrote it
         (every save replaces the file, so its inode, time and size say so)."""
-        return self._identity() != self._seen
+        return self._loaded and self._identity() != self._seen
 
     def reload(self) -> tuple[set[str], set[str]]:
         """Read the checkpoint again; the claims it added and those it dropped."""
