@@ -1,7 +1,7 @@
 """The per-node mode's API reads against a real kube-apiserver: the pods bound to a node and the claims
 they hold, the Node's allocatable, the DRA plugin's slices for the node; and the same reads with the
-chart's accounts (device plugin, DRA plugin, labeller) as granted with dra.enabled (the DRA plugin
-lists no pods: the kubelet's answer, with the claims list for claims no container holds yet)."""
+chart's accounts (device plugin, DRA plugin, labeller) as granted with dra.enabled: none lists pods (the
+kubelet's answer; the DRA plugin adds the claims list for claims no container holds yet)."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def accounts(kube_api: ControlPlane) -> dict[str, Path]:
                                  "dra": "version: v1\nflags:\n  mode: dra\n"}, "default": "dp"}}
     manifests = helm_python.Chart.load(str(CHART)).render(values, name=RELEASE, namespace=NAMESPACE,
                                                           is_install=True)
-    wanted = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    wanted = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
     objects = [doc for path, text in manifests.items() if not path.endswith("NOTES.txt")
                for doc in yaml.safe_load_all(text) if doc and doc["kind"] in wanted]
     if kube_api.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0:
@@ -148,26 +148,23 @@ def test_the_charts_accounts_may_make_the_reads_of_a_switch(kube_api: ControlPla
     node = unique("mode")
     kube_api.create_node(node)
     namespace = workload(kube_api, node)
-    api = NodeApi(connect(accounts[who]), node, DRIVER)
-    if who == "DRA plugin":
-        # It lists no pods: the kubelet's pod-resources API says which it runs (here what the kubelet
-        # would answer for the workload: the finished pod not listed, the far one on another node) and
-        # the claims list which claims allocated here no container holds yet.
-        ours = KubeletClaim(namespace, "ours", ((DRIVER, node),))
-        nic = KubeletClaim(namespace, "a-nic", (("nic.example.com", node),))
-        answer = [KubeletPod(namespace, "train", resources=("nvidia.com/gpu",)),
-                  KubeletPod(namespace, "web"), KubeletPod(namespace, "claimed", claims=(ours,)),
-                  KubeletPod(namespace, "nic", claims=(nic,))]
-        assert not can_list_pods(kube_api, accounts[who])
-        api = NodeApi(connect(accounts[who]), node, DRIVER, all_claims=True, kubelet_pods=lambda: answer)
-        assert [p.name for p in api.gpu_pods()] == ["train", "claimed"], namespace
+    # No account lists pods: the kubelet's pod-resources API says which it runs (here what the kubelet
+    # would answer for the workload: the finished pod not listed, the far one on another node); the DRA
+    # plugin also lists claims, for those allocated here that no container holds yet.
+    ours = KubeletClaim(namespace, "ours", ((DRIVER, node),))
+    nic = KubeletClaim(namespace, "a-nic", (("nic.example.com", node),))
+    answer = [KubeletPod(namespace, "train", resources=("nvidia.com/gpu",)),
+              KubeletPod(namespace, "web"), KubeletPod(namespace, "claimed", claims=(ours,)),
+              KubeletPod(namespace, "nic", claims=(nic,))]
+    assert not can_list_pods(kube_api, accounts[who])
+    dra = who == "DRA plugin"
+    api = NodeApi(connect(accounts[who]), node, DRIVER, all_claims=dra, kubelet_pods=lambda: answer)
+    assert [p.name for p in api.gpu_pods()] == ["train", "claimed"], namespace
+    if dra:
         assert [p.describe() for p in NodeApi(connect(accounts[who]), node, DRIVER, all_claims=True,
                                                 kubelet_pods=lambda: answer[:2]).gpu_pods()] == [
             f"{namespace}/train (nvidia.com/gpu)",
             f"{namespace}/ours (a claim allocated here, no container on the node holds it yet)"]
-    else:
-        # The others check the pods bound to the node (and their claims) through the API.
-        assert [p.name for p in api.gpu_pods()] == ["claimed", "train"], namespace
     if who == "DRA plugin":  # waits for the device plugin to withdraw
         assert "nvidia.com/gpu" not in api.allocatable()
     if who == "device plugin":  # waits for the DRA plugin's slices to go
