@@ -21,6 +21,9 @@ NOTES = "NOTES.txt"
 
 Values = dict[str, Any]
 Manifest = dict[str, Any]
+# libyaml's safe loader where PyYAML has it (the same documents, 7-10 times faster): parsing the
+# rendered manifests took most of a render (0.17-0.34 s of 0.2-0.4 s for a DRA install).
+SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @functools.lru_cache(maxsize=1)
@@ -99,7 +102,7 @@ def render(values: Values | None = None, *, release: str = RELEASE, namespace: s
         if path.endswith(NOTES):
             notes = text
             continue
-        for doc in yaml.safe_load_all(text):
+        for doc in yaml.load_all(text, Loader=SAFE_LOADER):
             if doc:
                 objects.append(doc)
     return Rendered(objects=objects, notes=notes)

@@ -444,3 +444,28 @@ def test_the_limits_file_round_trips_and_a_foreign_file_is_none(tmp_path: Path) 
     path.write_text("not json")
     assert read_limits(path) is None
     assert read_limits(tmp_path / "missing.json") is None
+
+
+def test_a_time_slice_already_set_by_this_plugin_runs_no_nvidia_smi() -> None:
+    calls: list[tuple[str, str]] = []
+    failing: set[str] = set()
+
+    def timeslice(gpu: str, interval: str) -> None:
+        calls.append((gpu, interval))
+        if gpu in failing:
+            raise TimesliceError("nvidia-smi failed")
+
+    sharing = NodeSharing(driver="gpu.nvidia.com", mps=None, log=LOG, no_mps_reason="", timeslice=timeslice)
+    long_a = ClaimShare(timeslices=(("GPU-A", "Long"),))
+    for uid in ("u1", "u2", "u3"):
+        sharing.apply(uid, long_a)
+    assert calls == [("GPU-A", "Long")]  # many claims at once: one run
+    sharing.apply("u4", ClaimShare(timeslices=(("GPU-A", "Short"), ("GPU-B", "Long"))))
+    sharing.apply("u5", long_a)
+    assert calls[1:] == [("GPU-A", "Short"), ("GPU-B", "Long"), ("GPU-A", "Long")]
+    # A failed run is not remembered: the next claim tries again.
+    failing.add("GPU-C")
+    for uid in ("u6", "u7"):
+        with pytest.raises(ClaimProblem):
+            sharing.apply(uid, ClaimShare(timeslices=(("GPU-C", "Long"),)))
+    assert calls[-2:] == [("GPU-C", "Long"), ("GPU-C", "Long")]

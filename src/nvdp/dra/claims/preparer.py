@@ -56,8 +56,10 @@ from nvdp.inventory.model import MigDevice
 from nvdp.kube.claims import UnreadableClaim
 
 # The kubelet gives a call 45 s; a plugin that cannot get the node-wide lock in this long answers the
-# claim with an error (retried) rather than running into the kubelet's deadline.
-LOCK_WAIT_S = 10.0
+# claim with an error (retried) rather than running into the kubelet's deadline. Calls queue for the
+# lock when many pods start at once: at 10 s, 10 claim pods created together on the kit's node had some
+# prepares refused and retried after the kubelet's back-off (84.6 s until the tenth was Ready).
+LOCK_WAIT_S = 30.0
 CATCH_UP_WAIT_S = 0.5
 
 GetClaim = Callable[[str, str], "Mapping[str, Any] | None"]

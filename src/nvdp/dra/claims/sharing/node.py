@@ -162,6 +162,9 @@ class NodeSharing:
         self.log = log
         self._timeslice = timeslice
         self._warner = warner
+        # The interval this process last set on each GPU: claims that ask for the same one run no
+        # nvidia-smi (a process per claim, under the node lock, when many pods start at once).
+        self._intervals: dict[str, str] = {}
 
     def share_of(self, claim: Mapping[str, Any], devices: Mapping[str, DraDevice],
                  claimed: Sequence[DraDevice]) -> ClaimShare:
@@ -183,11 +186,15 @@ class NodeSharing:
         """Set the claim's intervals and join its MPS daemon; the edits its containers get.
         ClaimProblem (nothing joined) when that cannot be done."""
         for gpu, interval in share.timeslices:
+            if self._intervals.get(gpu) == interval:
+                continue  # this process set it already: another nvidia-smi run changes nothing
             try:
                 self._timeslice(gpu, interval)
             except TimesliceError as err:
+                self._intervals.pop(gpu, None)
                 raise ClaimProblem(f"cannot set the time slice of GPU {gpu} to {interval}: {err}",
                                    SHARING_SETUP) from None
+            self._intervals[gpu] = interval
             self.log.info("GPU %s: time slice set to %s", gpu, interval)
         if share.uses_mps:
             if self.mps is None:
