@@ -22,6 +22,7 @@ users already have for the device plugin), on the fake driver root of the CDI sc
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -359,14 +360,18 @@ def rolled_upgrade(cluster: Cluster, release: Release, images: Images, host: Hos
 
 def test_a_helm_upgrade_of_the_dra_plugin_leaves_no_gap(cluster: Cluster, release: Release, images: Images,
                                                         host: HostSetup, timings: Timings) -> None:
-    """The default surge (the new pod registered beside the old one, sockets named after each pod)
-    against the old way (dra.updateStrategy=null: the old pod stopped first)."""
-    stop_first = rolled_upgrade(cluster, release, images, host, timings, "stop-first",
-                                "--set", "dra.updateStrategy=null")
-    surge = rolled_upgrade(cluster, release, images, host, timings, "surge")
-    print(f"helm upgrade of the DRA plugin under a stream of {UPGRADE_PODS} claim pods: failed prepares, "
-          f"slowest create -> Ready: stop-first {stop_first}, surge {surge}")
-    assert surge[0] == 0, "a surge serves every prepare"
+    """The default surge (the new pod registered beside the old one, sockets named after each pod):
+    every claim pod created during the upgrade is prepared at the first call. With
+    NVDP_E2E_COMPARE_STOP_FIRST=1 the old way (dra.updateStrategy=null: the old pod stopped first) is
+    measured before it, for bench/RESULTS.md (about 90 s more: the kubelet's back-off after the failed
+    prepares)."""
+    if os.environ.get("NVDP_E2E_COMPARE_STOP_FIRST") == "1":
+        stop_first = rolled_upgrade(cluster, release, images, host, timings, "stop-first",
+                                    "--set", "dra.updateStrategy=null")
+        print(f"helm upgrade, stop-first: {stop_first[0]} failed prepares among {UPGRADE_PODS} claim pods, "
+              f"slowest create -> Ready {stop_first[1]:.1f} s")
+    failed, slowest = rolled_upgrade(cluster, release, images, host, timings, "surge")
+    assert failed == 0, f"a surge serves every prepare ({failed} failed; slowest pod {slowest:.1f} s)"
 
 
 def test_uninstall_leaves_no_mps_daemon(cluster: Cluster, release: Release) -> None:
