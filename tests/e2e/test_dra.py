@@ -274,6 +274,13 @@ def pod_ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
 
 
+def plugin_replaced(release: Release, before: set[str]) -> bool:
+    """Whether the DRA plugin's pods are all new (none of `before`) and Ready."""
+    pods = release.pods("dra-plugin")
+    names = {p["metadata"]["name"] for p in pods}
+    return bool(names) and not names & before and all(pod_ready(p) for p in pods)
+
+
 def test_a_kubelet_restart_re_registers_and_republishes(cluster: Cluster, release: Release, images: Images,
                                                        timings: Timings) -> None:
     start = time.monotonic()

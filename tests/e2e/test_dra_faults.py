@@ -36,7 +36,14 @@ import pytest
 
 from .e2e_cluster import Cluster, Release, Timings, story_release
 from .test_cdi import DRIVER_VERSION, LIBDIR, LIBRARIES, HostSetup
-from .test_dra import CLAIM_SPEC_PREFIX, MIXED_DRIVER_VERSION, claim_host, pod_ready, slice_devices
+from .test_dra import (
+    CLAIM_SPEC_PREFIX,
+    MIXED_DRIVER_VERSION,
+    claim_host,
+    plugin_replaced,
+    pod_ready,
+    slice_devices,
+)
 
 SCENARIO = "DRA faults"
 pytestmark = pytest.mark.incremental
@@ -180,13 +187,8 @@ def test_a_garbage_checkpoint_beside_a_deep_claim_keeps_both_specs(
     start = time.monotonic()
     cluster.kubectl("delete", "pod", "-n", release.namespace, *before, "--grace-period=0", "--force",
                     "--wait=false")
-
-    def replaced() -> bool:
-        pods = release.pods("dra-plugin")
-        names = {p["metadata"]["name"] for p in pods}
-        return bool(names) and not names & before and all(pod_ready(p) for p in pods)
-
-    cluster.wait_for("a new plugin pod, Ready", replaced, 120, diagnose=lambda: plugin_log(cluster, release))
+    cluster.wait_for("a new plugin pod, Ready", lambda: plugin_replaced(release, before), 120,
+                     diagnose=lambda: plugin_log(cluster, release))
     cluster.wait_for("the plugin's start to finish", lambda: "Prepared claims on this node:" in plugin_log(
         cluster, release), 60, diagnose=lambda: plugin_log(cluster, release))
     timings.add(SCENARIO, "plugin pod deleted -> new one Ready, claims rebuilt", time.monotonic() - start)

@@ -32,7 +32,7 @@ import pytest
 
 from .e2e_cluster import DATA, GPU, MPS_ROOT, SIM_STATE_DIR, Cluster, Images, Release, Timings, story_release
 from .test_cdi import T4_UUID, HostSetup
-from .test_dra import DRIVER, claim_host, slice_devices
+from .test_dra import DRIVER, claim_host, plugin_replaced, slice_devices
 
 SCENARIO = "DRA sharing"
 pytestmark = pytest.mark.incremental
@@ -216,15 +216,7 @@ def test_the_mps_daemon_outlives_a_dra_plugin_restart(cluster: Cluster, release:
     started = time.monotonic()
     cluster.kubectl("delete", "pod", "-n", release.namespace, *before, "--grace-period=0", "--force",
                     "--wait=false")
-
-    def replaced() -> bool:
-        pods = release.pods("dra-plugin")
-        names = {p["metadata"]["name"] for p in pods}
-        return bool(names) and not names & before and all(
-            any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
-            for p in pods)
-
-    cluster.wait_for("a new DRA plugin pod, Ready", replaced, 120,
+    cluster.wait_for("a new DRA plugin pod, Ready", lambda: plugin_replaced(release, before), 120,
                      diagnose=lambda: plugin_log(cluster, release))
     timings.add(SCENARIO, "DRA plugin pod killed -> new one Ready (MPS daemon untouched)",
                 time.monotonic() - started)

@@ -22,12 +22,15 @@ import contextlib
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 from msgspec import Struct
 
 from nvdp.mps.commands import MpsSettings
 from nvdp.mps.status import read_small, replace_file
+
+T = TypeVar("T")
 
 ORDERS_DIR = "orders"
 APPLIED_FILE = "applied.json"
@@ -85,15 +88,20 @@ def remove_order(root: Path, driver: str, resource_name: str) -> None:
         (orders_dir(root, driver) / f"{set_name(resource_name)}{SUFFIX}").unlink()
 
 
-def read_order(path: Path) -> DaemonOrder | None:
-    """One order, or None when the file is missing, too large or not an order."""
+def _read(path: Path, kind: type[T]) -> T | None:
+    """The record in a small file, or None when the file is missing, too large or not such a record."""
     raw = read_small(path, MAX_BYTES)
     if raw is None:
         return None
     try:
-        return msgspec.json.decode(raw, type=DaemonOrder)
+        return msgspec.json.decode(raw, type=kind)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
+
+
+def read_order(path: Path) -> DaemonOrder | None:
+    """One order, or None when the file is missing, too large or not an order."""
+    return _read(path, DaemonOrder)
 
 
 def read_orders(root: Path, driver: str) -> dict[str, DaemonOrder]:
@@ -126,13 +134,7 @@ def write_applied(daemon_base: Path, applied: Applied) -> None:
 
 
 def read_applied(daemon_base: Path) -> Applied | None:
-    raw = read_small(applied_path(daemon_base), MAX_BYTES)
-    if raw is None:
-        return None
-    try:
-        return msgspec.json.decode(raw, type=Applied)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return None
+    return _read(applied_path(daemon_base), Applied)
 
 
 def remove_applied(daemon_base: Path) -> None:
