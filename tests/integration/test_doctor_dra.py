@@ -57,7 +57,7 @@ def kubelet_dirs() -> Iterator[dict[str, str]]:
         yield {"KUBELET_PLUGINS_DIR": f"{tmp}/plugins", "KUBELET_REGISTRAR_DIR": f"{tmp}/registry"}
 
 
-def serve(env: dict[str, str], driver: str = DRIVER) -> DraServer:
+def serve(env: dict[str, str], driver: str = DRIVER, instance: str = "") -> DraServer:
     calls: list[Sequence[ClaimRef]] = []
 
     def prepare(refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
@@ -66,7 +66,8 @@ def serve(env: dict[str, str], driver: str = DRIVER) -> DraServer:
 
     server = DraServer(driver=driver, plugin_dir=os.path.join(env["KUBELET_PLUGINS_DIR"], driver),
                        registry_dir=env["KUBELET_REGISTRAR_DIR"], prepare=prepare,
-                       unprepare=lambda refs: {}, log=LOG, on_registered=lambda ok, error: None)
+                       unprepare=lambda refs: {}, log=LOG, on_registered=lambda ok, error: None,
+                       instance=instance)
     server.start()
     return server
 
@@ -119,6 +120,25 @@ def test_a_serving_plugin_passes_registration(kubelet_dirs: dict[str, str]) -> N
     assert registration.detail == (
         f"{server.registration_socket}: DRAPlugin {DRIVER} (v1.DRAPlugin, v1beta1.DRAPlugin); "
         f"endpoint {server.plugin_socket} answers NodePrepareResources")
+
+
+def test_the_sockets_named_after_the_plugins_pod_are_the_ones_checked(kubelet_dirs: dict[str, str]) -> None:
+    """In the plugin's pod (POD_UID set) its own sockets; on the host the newest instance's (a rolling
+    update's new pod)."""
+    old_uid, new_uid = "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0", "11111111-2222-4333-8444-555555555555"
+    old = serve(kubelet_dirs, instance=old_uid)
+    new = serve(kubelet_dirs, instance=new_uid)
+    try:
+        mine = dra_node({**kubelet_dirs, "POD_UID": old_uid})
+        assert (mine.registration_socket, mine.plugin_socket) == (old.registration_socket, old.plugin_socket)
+        os.utime(new.registration_socket, (2e9, 2e9))
+        newest = dra_node(kubelet_dirs)
+        assert newest.on and newest.registration_socket == new.registration_socket
+        found = by_check(Node(kubelet_dirs, None).dra())["dra-registration"]
+    finally:
+        old.stop()
+        new.stop()
+    assert found.status == "PASS" and found.detail.startswith(f"{new.registration_socket}: DRAPlugin"), found
 
 
 def test_an_endpoint_that_is_gone_fails_with_the_mount_fix(kubelet_dirs: dict[str, str]) -> None:

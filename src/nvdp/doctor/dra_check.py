@@ -100,11 +100,12 @@ class DraNode(Struct, frozen=True):
 def dra_node(env: Mapping[str, str]) -> DraNode:
     """The DRA plugin's driver and sockets as `nvidia-dra-plugin` takes them from `env`, and whether it
     runs on this node: its registration socket exists, or DRA_DRIVER_NAME is set."""
-    from nvdp.dra.kubelet.server import plugin_socket_path, registration_socket_path
+    from nvdp.dra.kubelet.server import newest_instance, plugin_socket_path, registration_socket_path
     from nvdp.dra.main import (
         DEFAULT_PLUGINS_DIR,
         DEFAULT_REGISTRAR_DIR,
         DRIVER_ENV,
+        INSTANCE_ENV,
         PLUGINS_DIR_ENV,
         REGISTRAR_DIR_ENV,
     )
@@ -113,8 +114,10 @@ def dra_node(env: Mapping[str, str]) -> DraNode:
     driver = env.get(DRIVER_ENV) or DEFAULT_DRIVER
     registrar = env.get(REGISTRAR_DIR_ENV) or DEFAULT_REGISTRAR_DIR
     plugins = env.get(PLUGINS_DIR_ENV) or DEFAULT_PLUGINS_DIR
-    registration = registration_socket_path(registrar, driver)
-    plugin = plugin_socket_path(os.path.join(plugins, driver))
+    # In the plugin's pod its own sockets (named after the pod); elsewhere the newest instance's.
+    instance = env.get(INSTANCE_ENV) or newest_instance(registrar, driver)
+    registration = registration_socket_path(registrar, driver, instance)
+    plugin = plugin_socket_path(os.path.join(plugins, driver), instance)
     if os.path.exists(registration):
         on, why = True, f"{registration} exists"
     elif env.get(DRIVER_ENV):

@@ -65,6 +65,14 @@ Prepare = Callable[[Sequence[ClaimRef]], dict[str, PrepareResult]]  # keyed by c
 Unprepare = Callable[[Sequence[ClaimRef]], dict[str, str]]  # claim uid -> error ("" = done)
 
 
+def _instance_in(name: str, prefix: str, suffix: str) -> str:
+    """The pod UID in a socket name `<prefix><pod UID><suffix>`; "" for any other name."""
+    if not (name.startswith(prefix) and name.endswith(suffix)):
+        return ""
+    middle = name[len(prefix):len(name) - len(suffix)]
+    return middle if _POD_UID.fullmatch(middle) else ""
+
+
 def remove_dead_instances(folder: str, prefix: str, suffix: str, keep: str) -> list[str]:
     """Remove the sockets `<prefix><pod UID><suffix>` in `folder` that nothing serves (left by an
     instance that was killed); a live instance's socket, `keep`, and any other name (another driver's,
@@ -76,8 +84,7 @@ def remove_dead_instances(folder: str, prefix: str, suffix: str, keep: str) -> l
         return removed
     for name in names:
         path = os.path.join(folder, name)
-        middle = name[len(prefix):-len(suffix)] if name.startswith(prefix) and name.endswith(suffix) else ""
-        if path == keep or not _POD_UID.fullmatch(middle):
+        if path == keep or not _instance_in(name, prefix, suffix):
             continue
         try:
             if not stat.S_ISSOCK(os.lstat(path).st_mode):
@@ -90,6 +97,20 @@ def remove_dead_instances(folder: str, prefix: str, suffix: str, keep: str) -> l
                 os.unlink(path)
             removed.append(path)
     return removed
+
+
+def newest_instance(registry_dir: str, driver: str) -> str:
+    """The pod UID of the newest registration socket `<driver>-<pod UID>-reg.sock` in `registry_dir`
+    (a rolling update's new pod); "" when there is none (the fixed names are in use)."""
+    prefix, suffix = f"{driver}-", "-reg.sock"
+    found: list[tuple[float, str]] = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(registry_dir):
+            uid = _instance_in(name, prefix, suffix)
+            if uid:
+                with contextlib.suppress(OSError):
+                    found.append((os.lstat(os.path.join(registry_dir, name)).st_mtime, uid))
+    return max(found)[1] if found else ""
 
 
 def plugin_socket_path(plugin_dir: str, instance: str = "") -> str:
