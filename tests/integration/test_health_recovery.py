@@ -148,14 +148,16 @@ def test_replicas_and_mig_devices_follow_their_gpu(make_plugin: MakePlugin, kube
                                                   tmp_path: Path) -> None:
     config = tmp_path / "ts.yaml"
     config.write_text(TIME_SLICING)
-    plugin, node = make_plugin("t4", HEALTH_RECOVERY_AFTER="1s", CONFIG_FILE=str(config))
+    # The quiet period is what the test must see the devices down in: wide enough that a loaded machine's
+    # polling cannot miss it (at 1 s one CI run saw the MIG devices back before it looked).
+    plugin, node = make_plugin("t4", HEALTH_RECOVERY_AFTER="4s", CONFIG_FILE=str(config))
     started(plugin, kubelet, 4)
     node.inject_xid(node.inventory.gpus[0].uuid, 94)
     kubelet.wait_for_resource(GPU, count=4, healthy=0, timeout=10)
     kubelet.wait_for_resource(GPU, count=4, healthy=4, timeout=15)
     assert plugin.stop() == 0
 
-    mig, mig_node = make_plugin("h100-mig-single", HEALTH_RECOVERY_AFTER="1s", MIG_STRATEGY="single")
+    mig, mig_node = make_plugin("h100-mig-single", HEALTH_RECOVERY_AFTER="4s", MIG_STRATEGY="single")
     total = sum(len(g.mig_devices) for g in mig_node.inventory.gpus)
     gpu = mig_node.inventory.gpus[0]
     started(mig, kubelet, total)
