@@ -265,6 +265,23 @@ def prune(k8s_dir: Path, ref: str, present: set[str]) -> None:
         subprocess.run(["ctr", "-n", "k8s.io", "images", "rm", *stale], capture_output=True, check=False)
 
 
+def base_rootfs(kit: Path, wheel: Path, work: Path, digest: str, rootfs: Path, env: dict[str, str]) -> None:
+    """`rootfs`: the kit's Python base with the wheel installed. Both images and every stand-in profile
+    start from the same one, so it is made once per source digest and copied (`cp -a`, 0.75 s) instead of
+    installed again (python-base.sh, 9.5 s per image on this machine)."""
+    cached = work / f"base-rootfs-{digest[:12]}"
+    if not cached.is_dir():
+        for old in work.glob("base-rootfs-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        partial = work / f".partial-{cached.name}"
+        shutil.rmtree(partial, ignore_errors=True)
+        run(["bash", str(kit / "python-base.sh"), str(partial), str(wheel)], "installing the wheel",
+            env=env)  # fmt: skip
+        partial.rename(cached)
+    shutil.rmtree(rootfs, ignore_errors=True)
+    run(["cp", "-a", str(cached), str(rootfs)], f"copying the base into {rootfs}")
+
+
 def build_images(
     kit: Path,
     repository_prefix: str = "docker.io/local",
@@ -299,9 +316,7 @@ def build_images(
         spec = read_dockerfile(ROOT / "images" / name / "Dockerfile")
         wheel = wheel or build_wheel(work / "dist")
         rootfs = work / f"rootfs-{name}"
-        what = f"installing the wheel for {name}"
-        run(["bash", str(kit / "python-base.sh"), str(rootfs), str(wheel)], what,
-            env=env)  # fmt: skip
+        base_rootfs(kit, wheel, work, source_digest([repository_prefix]), rootfs, env)
         if stand_ins:
             add_stand_ins(rootfs, stand_ins)
         run(["bash", str(kit / "image-from-rootfs.sh"), str(rootfs), ref,

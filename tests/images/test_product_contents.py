@@ -102,6 +102,9 @@ def test_copied_sources_sees_a_stand_in_copy(tmp_path: Path) -> None:
     assert copied_sources(dockerfile) == ["src", "sim/mps", "sim/nvml"]
 
 
+BASES: list[str] = []  # the root filesystems python-base.sh was run for
+
+
 def kit_build(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, wheel: Path, stand_ins: str | None
 ) -> dict[str, list[str]]:
@@ -114,6 +117,7 @@ def kit_build(
     def run(argv: Sequence[str], what: str, env: dict[str, str] | None = None) -> str:
         script = Path(argv[1]).name if len(argv) > 1 else ""
         if script == "python-base.sh":
+            BASES.append(argv[2])
             rootfs, wheel_file = Path(argv[2]), Path(argv[3])
             with zipfile.ZipFile(wheel_file) as unpacked:
                 unpacked.extractall(rootfs / "opt/venv/lib/python3/site-packages")
@@ -164,3 +168,18 @@ def test_kit_stand_in_images_add_the_stand_ins_and_no_kubelet(
         assert "opt/nvml-sim/libnvidia-ml.so.1" in found, name
         assert "usr/local/bin/nvidia-cuda-mps-control" in found, name
         assert not [f for f in files if "kubelet" in f and "nvdp/" not in f], name
+
+
+@pytest.mark.slow
+def test_the_base_is_installed_once_for_both_images_and_every_profile(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, wheel: Path
+) -> None:
+    BASES.clear()
+    with_stand_ins = kit_build(monkeypatch, tmp_path, wheel, stand_ins="t4")
+    other_profile = kit_build(monkeypatch, tmp_path, wheel, stand_ins="mixed-4")
+    release = kit_build(monkeypatch, tmp_path, wheel, stand_ins=None)
+    assert len(BASES) == 1, BASES  # then copied: 3 builds of 2 images
+    assert all(tool_files(files) for files in (*with_stand_ins.values(), *other_profile.values()))
+    # The copy the stand-ins went into is not the cached base: the release images stay without them.
+    for name, files in release.items():
+        assert tool_files(files) == [], name
