@@ -133,11 +133,6 @@ class HealthMonitor:
             return False
         if not self._inventory.gpus:
             return False
-        after = self.ledger.settings.after
-        self._log.info("Health checks: %s; %s", self._policy.describe(),
-                       "recovery off (Unhealthy until restart)" if after is None
-                       else f"GPUs come back after {after:g}s without a critical XID, once NVML reports "
-                       "them fine")
         try:
             if self._nvml is None:
                 import pynvml
@@ -148,6 +143,12 @@ class HealthMonitor:
             self._log.error("Failed to start health checks: %s; continuing with health checks disabled", err)
             self._close()
             return False
+        # Said once the events are registered: an XID from here on is seen (tests wait for this line).
+        after = self.ledger.settings.after
+        self._log.info("Health checks: %s; %s", self._policy.describe(),
+                       "recovery off (Unhealthy until restart)" if after is None
+                       else f"GPUs come back after {after:g}s without a critical XID, once NVML reports "
+                       "them fine")
         self._write_state()
         self._thread = guarded_thread(self._run, "health", self._log, "The health check thread")
         self._thread.start()
