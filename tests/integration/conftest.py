@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -133,3 +135,10 @@ def make_plugin(tmp_path: Path, nvml_library: Path, make_bare_plugin: MakeBarePl
 def kubelet(plugin_dir: Path) -> Iterator[KubeletSim]:
     with KubeletSim(plugin_dir) as sim:
         yield sim
+
+
+@pytest.fixture
+def sockets() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="nvdp-dra-", dir="/tmp"))  # unix socket paths stay short
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

@@ -23,7 +23,7 @@ from tests.kube.envtest import ControlPlane
 
 from .cdi_node import make_cdi_node
 from .conftest import clean_env
-from .test_dra_metrics import call, sockets  # noqa: F401 (sockets: a fixture)
+from .test_dra_metrics import call
 from .test_node_config_rule import Daemon
 
 pytestmark = pytest.mark.slow
@@ -81,7 +81,7 @@ def mistyped_claim(plane: ControlPlane, node: str, name: str, *, mps: bool = Fal
 
 
 def test_a_mistyped_config_driver_is_one_event_on_the_claim(kube_api: ControlPlane, tmp_path: Path,
-                                                            sockets: Path) -> None:  # noqa: F811
+                                                            sockets: Path) -> None:
     node = f"gpu-{uuid.uuid4().hex[:8]}"
     kube_api.create_node(node)
     with NodeSim("t4", tmp_path / "nvml") as sim:
@@ -125,7 +125,7 @@ def role(name: str, slice_verbs: list[str]) -> str:
 
 
 def test_publishing_refused_until_rbac_allows_it_is_one_event_on_the_node(
-        kube_api: ControlPlane, tmp_path: Path, sockets: Path) -> None:  # noqa: F811
+        kube_api: ControlPlane, tmp_path: Path, sockets: Path) -> None:
     node, account = f"gpu-{uuid.uuid4().hex[:8]}", f"dra-{uuid.uuid4().hex[:8]}"
     kube_api.create_node(node)
     kubeconfig = kube_api.service_account_kubeconfig("default", account)
@@ -152,7 +152,7 @@ def test_publishing_refused_until_rbac_allows_it_is_one_event_on_the_node(
 
 
 def test_dynamic_mig_without_the_scheduler_fix_is_one_warning_and_one_event_per_start(
-        kube_api: ControlPlane, tmp_path: Path, sockets: Path) -> None:  # noqa: F811
+        kube_api: ControlPlane, tmp_path: Path, sockets: Path) -> None:
     """The throwaway kube-apiserver is the kit's, v1.36.2: older than the scheduler fix (1.37.0)."""
     import signal
 

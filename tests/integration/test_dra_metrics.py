@@ -8,11 +8,8 @@ the node (prepared, then unprepared) and one the API server does not have (refus
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +28,6 @@ from .test_node_config_rule import Daemon
 
 pytestmark = pytest.mark.slow
 DRIVER = "gpu.nvidia.com"
-
-
-@pytest.fixture
-def sockets() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="nvdp-dram-", dir="/tmp"))  # unix socket paths stay short
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def allocated_claim(plane: ControlPlane, node: str, name: str, device: str) -> str:

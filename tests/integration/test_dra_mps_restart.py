@@ -10,13 +10,10 @@ stand-in nvidia-cuda-mps-control; the test plays the kubelet's DRA manager on th
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +34,6 @@ pytestmark = pytest.mark.slow
 DRIVER = "gpu.nvidia.com"
 SHARED_T4 = ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n"
              "      replicas: 10\n")
-
-
-@pytest.fixture
-def short() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="nvdp-mpsr-", dir="/tmp"))  # unix socket paths stay short
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def mps_claim(plane: ControlPlane, node: str, name: str, threads: int) -> str:
@@ -78,10 +68,10 @@ def wait(what: str, condition: Any, timeout: float = 20.0) -> None:
 
 
 def test_the_mps_daemon_outlives_the_dra_plugin_killed_or_stopped(kube_api: ControlPlane, tmp_path: Path,
-                                                                   short: Path) -> None:
+                                                                   sockets: Path) -> None:
     node = f"gpu-{uuid.uuid4().hex[:8]}"
     kube_api.create_node(node)
-    mps_root = short / "mps"
+    mps_root = sockets / "mps"
     (tmp_path / "config.yaml").write_text(SHARED_T4)
     with NodeSim("t4", tmp_path / "nvml") as sim:
         t4 = sim.inventory.gpus[0].uuid
@@ -91,11 +81,11 @@ def test_the_mps_daemon_outlives_the_dra_plugin_killed_or_stopped(kube_api: Cont
                 RECORD_ENV: str(tmp_path / "record.jsonl"), "MPS_PROBE_INTERVAL": "0.5"}
         plugin_env = {**base, **cdi.env, "NODE_NAME": node, "KUBECONFIG": str(kube_api.admin_kubeconfig),
                       "CDI_ROOT": str(cdi.cdi_dir), "CONFIG_FILE": str(tmp_path / "config.yaml"),
-                      "KUBELET_PLUGINS_DIR": str(short / "plugins"),
-                      "KUBELET_REGISTRAR_DIR": str(short / "registry"),
+                      "KUBELET_PLUGINS_DIR": str(sockets / "plugins"),
+                      "KUBELET_REGISTRAR_DIR": str(sockets / "registry"),
                       # no kubelet here to ask which pods hold claims
-                      "KUBELET_POD_RESOURCES_SOCKET": str(short / "no-kubelet.sock")}
-        socket = str(short / "plugins" / DRIVER / "dra.sock")
+                      "KUBELET_POD_RESOURCES_SOCKET": str(sockets / "no-kubelet.sock")}
+        socket = str(sockets / "plugins" / DRIVER / "dra.sock")
         daemon_dir = ResourcePaths(mps_root, f"{DRIVER}/{t4}")
         pid_file = daemon_dir.pipe_dir / "nvidia-cuda-mps-control.pid"
         runs: list[Daemon] = []

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from nvdp import __version__
 from nvdp.config.names import DRA_DRIVER_ENV, node_name
+from nvdp.daemon.podresources import POD_RESOURCES_ENV
 from nvdp.daemon.runloop import EXIT_USAGE
 from nvdp.daemon.skeleton import Events, Skeleton
 from nvdp.dra.pool.names import DEFAULT_DRIVER, check_driver_name
@@ -29,7 +30,6 @@ from nvdp.dra.pool.names import DEFAULT_DRIVER, check_driver_name
 NAME = "nvidia-dra-plugin"
 DRIVER_ENV = DRA_DRIVER_ENV
 PLUGINS_DIR_ENV = "KUBELET_PLUGINS_DIR"
-POD_RESOURCES_ENV = "KUBELET_POD_RESOURCES_SOCKET"
 REGISTRAR_DIR_ENV = "KUBELET_REGISTRAR_DIR"
 # The pod's UID (the chart sets it from metadata.uid): sockets of their own, for a rolling update.
 INSTANCE_ENV = "POD_UID"
