@@ -9,6 +9,8 @@ from typing import Any
 BIN_DIR = Path(__file__).resolve().parent
 CONTROL = BIN_DIR / "nvidia-cuda-mps-control"
 RECORD_ENV = "MPS_SIM_RECORD"
+# Beside control.log in the daemon's log folder: every limit it was set to, whatever its environment.
+LIMITS_SET = "limits-set.jsonl"
 
 
 def read_record(path: Path) -> list[dict[str, Any]]:
@@ -25,6 +27,13 @@ def recorded_commands(path: Path) -> list[str]:
 def recorded_servers(path: Path) -> list[dict[str, Any]]:
     """Each MPS server the stand-in started, and each change of a running server's ceilings, in order."""
     return [e for e in read_record(path) if e["event"] == "server"]
+
+
+def limits_set(log_dir: Path) -> list[dict[str, Any]]:
+    """Every limit the stand-in daemon logging to `log_dir` was set to, in order (a default's `server` is
+    None): `{"scope": "default", "server": None, "limit": "active_thread_percentage", "device": None,
+    "value": "25.0", "pid": ...}`."""
+    return read_record(log_dir / LIMITS_SET)
 
 
 def connect_client(pipe_dir: Path, client_env: dict[str, str]) -> dict[str, Any]:

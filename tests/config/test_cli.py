@@ -78,13 +78,32 @@ def test_validate_ignores_the_environment(
     assert main(["config", "validate", str(HERE / "valid" / "time-slicing.yaml")]) == 0
 
 
-def test_validate_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["config", "validate", "/nonexistent.yaml"]) == 2
+@pytest.mark.parametrize("argv", [["--config", "/nonexistent.yaml"], ["/nonexistent.yaml"],
+                                  ["--config-file", "/nonexistent.yaml"]])
+def test_validate_missing_file(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """--config, or its older spellings FILE and --config-file; the message names --config."""
+    assert main(["config", "validate", *argv]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "/nonexistent.yaml: (document): cannot read the config file: No such file or directory; "
-        "check the path given by --config-file",
+        "check the path given by --config",
         "/nonexistent.yaml: invalid (1 problem)",
     ]
+
+
+def test_validate_needs_one_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CONFIG_FILE", raising=False)
+    assert main(["config", "validate"]) == 2
+    assert capsys.readouterr().err == \
+        "nvdp config validate: name the file to check: --config FILE (or set CONFIG_FILE)\n"
+    monkeypatch.setenv("CONFIG_FILE", write(tmp_path, "version: v1\n", "pod.yaml"))  # as in the plugin's pod
+    assert main(["config", "validate"]) == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'pod.yaml'}: valid (v1; sharing: none)\n"
+    one, other = write(tmp_path, "version: v1\n", "a.yaml"), write(tmp_path, "version: v1\n", "b.yaml")
+    assert main(["config", "validate", one, "--config", other]) == 2
+    assert "name two files; give one, as --config FILE" in capsys.readouterr().err
+    assert main(["config", "validate", one, "--config", one]) == 0
 
 
 def test_show_applies_env_and_flags(
@@ -106,7 +125,8 @@ def test_show_applies_env_and_flags(
         "mps": {
             "renameByDefault": False,
             "failRequestsGreaterThanOne": True,
-            "resources": [{"name": "nvidia.com/gpu", "devices": "all", "replicas": 10}],
+            "resources": [{"name": "nvidia.com/gpu", "devices": "all", "replicas": 10,
+                           "strictShares": False}],
         }
     }
     # What `show` prints loads back as the same configuration.

@@ -16,7 +16,13 @@ users already have for the device plugin), on the fake driver root of the CDI sc
 6. a plain pod asking for `nvidia.com/gpu: 1` (no claim in its spec): the scheduler makes a claim from the
    extended-resource class and the pod runs with the T4 (an earlier device plugin's nvidia.com/gpu, kept
    at 0 by the kubelet, does not stand in the way).
-7. uninstall: no MPS daemon is left (the kubelet then deletes the slices, as tests/e2e/test_dra.py shows).
+7. a helm upgrade rolls the DRA plugin while claim pods keep coming: none of their prepares fails.
+8. strict MPS shares (the node labelled to the entry `strict`: sharing.mps x4 with strictShares): the T4
+   offers one share size (requestPolicy validValues); two claims of that size run with the daemon's
+   ceiling equal to their limits (25 %, a quarter of the memory), the only limits the stand-in control
+   daemon was set to; a claim asking for more memory stays Pending with the scheduler's reason, and one
+   whose config asks 50 % is refused at prepare, its pod's events naming the claim and the share.
+9. uninstall: no MPS daemon is left (the kubelet then deletes the slices, as tests/e2e/test_dra.py shows).
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ pytestmark = pytest.mark.incremental
 NAMESPACE = "nvdp-e2e-dra-share"
 LABELS = {"nvdp-e2e-story": "dra-sharing"}
 MPS_DAEMON_DIR = f"{MPS_ROOT}/{DRIVER}/{T4_UUID}"
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+STRICT_ENTRY = "strict"
+MIB = 1024 * 1024
 TIMESLICE_CLASS = "e2e-timeslice-long.nvidia.com"
 GPU_CONFIG = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
 
@@ -53,7 +62,7 @@ def host(cluster: Cluster) -> Iterator[HostSetup]:
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Release]:
     with story_release(cluster, images, "nvdp-share", "nvdp-e2e-dra-sharing", work=[NAMESPACE],
-                       remove_timeout=180) as release:
+                       labels={CONFIG_LABEL: None}, remove_timeout=180) as release:
         yield release
         cluster.kubectl("delete", "deviceclass", TIMESLICE_CLASS, check=False)
     # what stays by design (the daemon's bounded log and status) is host state of this story
@@ -64,8 +73,12 @@ def plugin_log(cluster: Cluster, release: Release) -> str:
     return cluster.logs(release.namespace, f"{release.selector},app.kubernetes.io/component=dra-plugin", 200)
 
 
-def template(name: str, sharing: dict[str, Any] | None = None, device_class: str = DRIVER) -> dict[str, Any]:
-    spec: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}
+def template(name: str, sharing: dict[str, Any] | None = None, device_class: str = DRIVER,
+             capacity: dict[str, str] | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if capacity is not None:
+        exactly["capacity"] = {"requests": capacity}
+    spec: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
     if sharing is not None:
         parameters = {**GPU_CONFIG, "sharing": sharing}
         spec["config"] = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}]
@@ -150,7 +163,9 @@ def host_file(cluster: Cluster, path: str) -> str | None:
 def install_values(host: HostSetup) -> list[str]:
     return ["--set", "dra.enabled=true", "--set", f"nvidiaDriverRoot={host.driver_root}",
             "--set", "nvidiaDevRoot=/", "--set", f"cdi.nvidiaHookPath={host.hook}",
-            "--set-file", f"config.map.config={DATA / 'dra-time-slicing-10.yaml'}"]  # fmt: skip
+            "--set-file", f"config.map.config={DATA / 'dra-time-slicing-10.yaml'}",
+            "--set-file", f"config.map.{STRICT_ENTRY}={DATA / 'dra-mps-strict-4.yaml'}",
+            "--set", "config.default=config"]  # fmt: skip
 
 
 # --- the story ------------------------------------------------------------------------------------------
@@ -228,7 +243,45 @@ def test_the_mps_daemon_outlives_a_dra_plugin_restart(cluster: Cluster, release:
     assert ceiling == {"thread_percentage": 50, "memory_mib": [4096]}
 
 
+def mps_pods(release: Release) -> dict[str, bool]:
+    """The dra-mps pods: name -> Ready."""
+    return {p["metadata"]["name"]: any(c["type"] == "Ready" and c["status"] == "True"
+                                       for c in p["status"].get("conditions") or [])
+            for p in release.pods("dra-mps")}
+
+
+def test_an_upgrade_of_the_mps_image_waits_for_the_claims_pods(cluster: Cluster, release: Release,
+                                                               host: HostSetup, timings: Timings) -> None:
+    """mps.upgrade whenIdle (the default): the new dra-mps pod starts beside the old one and waits, not
+    Ready, while MPS claims run; the old daemon keeps serving them; an Event names what it waits for."""
+    pid_file = f"{MPS_DAEMON_DIR}/pipe/nvidia-cuda-mps-control.pid"
+    pid = host_file(cluster, pid_file)
+    (old,) = mps_pods(release)
+    release.upgrade(*install_values(host), "--set", "podAnnotations.nvdp-e2e-mps=upgraded", wait=False)
+    (new,), seconds = cluster.wait_for(
+        "a second dra-mps pod, waiting", lambda: [n for n in mps_pods(release) if n != old] or None, 60,
+        every=1, diagnose=lambda: release.logs("dra-mps"))
+    timings.add(SCENARIO, "helm upgrade (no --wait) -> new dra-mps pod beside the old one", seconds)
+    cluster.wait_for("the new pod to say what it waits for",
+                     lambda: "has waited since" in cluster.logs(release.namespace, f"{release.selector},"
+                                                                "app.kubernetes.io/component=dra-mps", 400),
+                     60, every=1)
+    time.sleep(3)  # a few readiness probes (every 2 s)
+    assert mps_pods(release) == {old: True, new: False}, "the new pod waits, not Ready"
+    assert host_file(cluster, pid_file) == pid, "the same MPS control daemon serves the claims"
+    assert phase(cluster, "mps-a") == "Ready" and phase(cluster, "mps-b") == "Ready"
+
+    def waiting_event() -> str | None:
+        events = cluster.kubectl_json("get", "events", "-n", "default", "--field-selector",
+                                      "reason=MPSUpgradeWaiting")["items"]
+        return next((e["message"] for e in events if new in e["message"]), None)
+
+    message, _ = cluster.wait_for("the DRA plugin's MPSUpgradeWaiting Event", waiting_event, 60, every=1)
+    assert "claim " in message and cluster.node in message, message
+
+
 def test_the_daemon_stops_with_its_last_claim(cluster: Cluster, release: Release, timings: Timings) -> None:
+    (old,) = [n for n, ready in mps_pods(release).items() if ready]
     delete_pods(cluster)
     # The marker goes first, then the compute mode is restored: wait for both.
     _, seconds = cluster.wait_for(
@@ -237,6 +290,13 @@ def test_the_daemon_stops_with_its_last_claim(cluster: Cluster, release: Release
             cluster, f"{SIM_STATE_DIR}/compute-mode/{T4_UUID}") in (None, "DEFAULT"),
         90, diagnose=lambda: plugin_log(cluster, release) + release.logs("dra-mps"))
     timings.add(SCENARIO, "last MPS pod deleted -> daemon stopped", seconds)
+    # The node is idle: the waiting dra-mps pod turns Ready, the DaemonSet controller retires the old one.
+    _, seconds = cluster.wait_for("the upgraded dra-mps pod alone, Ready",
+                                  lambda: len(mps_pods(release)) == 1 and old not in mps_pods(release)
+                                  and all(mps_pods(release).values()), 90,
+                                  every=1, diagnose=lambda: release.logs("dra-mps"))
+    timings.add(SCENARIO, "node idle -> the upgraded dra-mps pod took over", seconds)
+    assert "taking over" in release.logs("dra-mps")
 
 
 def test_a_time_slicing_class_sets_the_interval(cluster: Cluster, release: Release, images: Images,
@@ -364,6 +424,80 @@ def test_a_helm_upgrade_of_the_dra_plugin_leaves_no_gap(cluster: Cluster, releas
               f"slowest create -> Ready {stop_first[1]:.1f} s")
     failed, slowest = rolled_upgrade(cluster, release, images, host, timings, "surge")
     assert failed == 0, f"a surge serves every prepare ({failed} failed; slowest pod {slowest:.1f} s)"
+
+
+def test_strict_shares_hold_every_claim_to_the_daemons_ceiling(cluster: Cluster, release: Release,
+                                                               images: Images, timings: Timings) -> None:
+    cluster.wait_for("earlier claims to go", lambda: no_claims_left(cluster), 120)
+    cluster.label({CONFIG_LABEL: STRICT_ENTRY})
+
+    def one_share_size() -> dict[str, Any] | None:
+        device = slice_devices(cluster).get("gpu-0") or {}
+        policy = device.get("capacity", {}).get("replicas", {}).get("requestPolicy", {})
+        return device if policy.get("validValues") == ["1"] else None
+
+    device, seconds = cluster.wait_for("the T4 offering one share size", one_share_size, 60,
+                                       diagnose=lambda: plugin_log(cluster, release))
+    timings.add(SCENARIO, "label strict -> the slice offers one share size", seconds)
+    memory = device["capacity"]["memory"]
+    (share,) = memory["requestPolicy"]["validValues"]
+    assert memory["requestPolicy"]["default"] == share and device["capacity"]["replicas"]["value"] == "4"
+    quarter = int(memory["value"]) // 4 // MIB
+    assert int(share) // MIB == quarter, (share, memory)
+    cluster.apply([template("strict-share"), template("strict-more", capacity={"memory": f"{2 * quarter}Mi"}),
+                   template("strict-half", mps(50, f"{quarter}Mi"))])
+    seconds = start(cluster, release, images, ["strict-a", "strict-b"], "strict-share")
+    timings.add(SCENARIO, "two claims of the strict share -> pods Ready", seconds)
+    for name in ("strict-a", "strict-b"):
+        env = env_in(cluster, name)
+        assert (env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]) == (
+            "25", f"0={quarter}M")
+    ceiling = json.loads(host_file(cluster, f"{MPS_DAEMON_DIR}/limits.json") or "{}").get("ceiling")
+    assert ceiling == {"thread_percentage": 25, "memory_mib": [quarter]}
+    greedy = "sim_client CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=15G"
+    answer = json.loads(cluster.exec(NAMESPACE, "strict-a", "sh", "-c", f"echo '{greedy}' | "
+                                     "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps nvidia-cuda-mps-control"))
+    assert (answer["thread_percentage"], answer["memory_mib"]) == (25.0, {"0": quarter})
+    # Every limit the stand-in control daemon of these claims was set to (its record beside control.log;
+    # the story's earlier daemons on the T4 wrote there too, under their own pids).
+    pid = int(host_file(cluster, f"{MPS_DAEMON_DIR}/pipe/nvidia-cuda-mps-control.pid") or "0")
+    record = [json.loads(line) for line in (host_file(
+        cluster, f"{MPS_DAEMON_DIR}/log/limits-set.jsonl") or "").splitlines()]
+    assert {(e["limit"], e["value"]) for e in record if e["pid"] == pid} == {
+        ("active_thread_percentage", "25.0"), ("device_pinned_mem_limit", f"{quarter}M")}, record
+
+    # A claim asking for more than the share: the scheduler finds no device that offers it.
+    cluster.apply(pod("strict-big", images.plugin, "strict-more"))
+
+    def unschedulable() -> dict[str, Any] | None:
+        status = cluster.kubectl_json("get", "pod", "-n", NAMESPACE, "strict-big")["status"]
+        return next((c for c in status.get("conditions") or []
+                     if c["type"] == "PodScheduled" and c["status"] == "False"), None)
+
+    condition, seconds = cluster.wait_for("the larger claim's pod unschedulable", unschedulable, 60,
+                                          diagnose=diagnose(cluster, release, "strict-big"))
+    timings.add(SCENARIO, "claim of another size -> PodScheduled False", seconds)
+    print(f"strict shares, a claim of another size: {condition.get('reason')}: {condition.get('message')}")
+    assert condition.get("reason") == "Unschedulable", condition
+    assert "cannot allocate all claims" in condition.get("message", ""), condition
+    assert phase(cluster, "strict-big") == "Pending"
+
+    # A claim whose config asks other limits is allocated the share and refused at prepare.
+    cluster.apply(pod("strict-config", images.plugin, "strict-half"))
+
+    def refused() -> str | None:
+        events = cluster.kubectl_json("get", "events", "-n", NAMESPACE, "--field-selector",
+                                      "involvedObject.name=strict-config")["items"]
+        text = "\n".join(e.get("message", "") for e in events)
+        return text if "strict MPS shares" in text else None
+
+    message, seconds = cluster.wait_for("the prepare refusal in the pod's events", refused, 90,
+                                        diagnose=diagnose(cluster, release, "strict-config"))
+    timings.add(SCENARIO, "claim config asking 50 % on a strict GPU -> refused at prepare", seconds)
+    assert "asks for MPS (50% threads" in message and "1/4 of the GPU (25% threads" in message, message
+    assert phase(cluster, "strict-config") == "Pending"
+    delete_pods(cluster)
+    cluster.label({CONFIG_LABEL: None})
 
 
 def test_uninstall_leaves_no_mps_daemon(cluster: Cluster, release: Release) -> None:

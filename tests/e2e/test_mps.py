@@ -8,6 +8,7 @@ leaves nothing behind.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -130,6 +131,69 @@ def test_a_sighup_keeps_the_gpu_down_and_nvdp_health_clear_brings_it_back(
     assert cluster.allocatable() == 10
 
 
+def mps_daemon_pods(release: Release) -> dict[str, bool]:
+    """The MPS control-daemon pods: name -> Ready."""
+    return {p["metadata"]["name"]: any(c["type"] == "Ready" and c["status"] == "True"
+                                       for c in p["status"].get("conditions") or [])
+            for p in release.pods("mps-control-daemon")}
+
+
+def test_an_upgrade_of_the_mps_daemon_waits_until_no_pod_uses_mps(
+    cluster: Cluster, release: Release, timings: Timings
+) -> None:
+    """mps.upgrade whenIdle (the default): with ten MPS pods running, `helm upgrade` starts the new daemon
+    pod beside the old one, not Ready; the old daemon (same PID) serves on; the device plugin's Event and
+    `nvdp doctor` name the pods. Once they end, the new pod turns Ready, the DaemonSet controller retires
+    the old one, and the new pod's daemon serves the node."""
+    pid_file = f"{MPS_ROOT}/{GPU}/pipe/nvidia-cuda-mps-control.pid"
+    pid = cluster.host(f"cat {pid_file}").stdout.strip()
+    (old,) = mps_daemon_pods(release)
+    started = time.monotonic()
+    release.upgrade("-f", str(DATA / "seed-004-values.yaml"), "--set-file",
+                    f"config.map.config={DATA / 'seed-004-config.yaml'}",
+                    "--set", "podAnnotations.nvdp-e2e-mps=upgraded", wait=False)  # fmt: skip
+    (new,), seconds = cluster.wait_for(
+        "a second MPS daemon pod", lambda: [n for n in mps_daemon_pods(release) if n != old] or None, 60,
+        every=1)  # fmt: skip
+    timings.add(SCENARIO, "helm upgrade (no --wait) -> new MPS daemon pod beside the old one", seconds)
+    cluster.wait_for("the new pod to say which pods it waits for",
+                     lambda: "default/mps-client-0" in release.logs("mps-control-daemon"), 60, every=1)
+    (plugin,) = cluster.wait_for("the upgraded device plugin, Ready",
+                                 lambda: [p for p in release.pods("device-plugin") if all(
+                                     c.get("ready") for c in p["status"].get("containerStatuses") or [{}])]
+                                 or None, 120, every=1)[0]  # fmt: skip
+
+    def waiting_event() -> str | None:
+        # One config entry: the device plugin has no API access, so the kubelet's Event on the waiting pod
+        # (its readiness probe prints what it waits for) says it.
+        events = cluster.kubectl_json("get", "events", "-n", release.namespace, "--field-selector",
+                                      f"involvedObject.name={new},reason=Unhealthy")["items"]
+        return next((e["message"] for e in events if "has waited since" in e["message"]), None)
+
+    message, _ = cluster.wait_for("the waiting pod's Unhealthy Event", waiting_event, 60, every=1)
+    assert "default/mps-client-0" in message and cluster.node in message, message
+    doctor = cluster.kubectl("exec", "-n", release.namespace, plugin["metadata"]["name"], "--", "nvdp",
+                             "doctor", check=False).stdout
+    assert "an upgrade of the MPS daemon waits" in doctor and "default/mps-client-0" in doctor, doctor
+    assert mps_daemon_pods(release) == {old: True, new: False}, "the new pod waits, not Ready"
+    assert cluster.host(f"cat {pid_file}").stdout.strip() == pid, "the same MPS control daemon serves on"
+    running = [p for p in cluster.pods("default", WORKLOADS) if p["status"].get("phase") == "Running"]
+    assert len(running) == 10, "every MPS client pod runs on"
+    assert not any(c.get("restartCount") for p in running for c in p["status"].get("containerStatuses") or [])
+
+    cluster.kubectl("delete", "pods", "-n", "default", "-l", WORKLOADS, "--grace-period=0")
+    _, seconds = cluster.wait_for(
+        "the new MPS daemon pod alone, Ready",
+        lambda: mps_daemon_pods(release) == {new: True} or None, 120, every=1,
+        diagnose=lambda: release.logs("mps-control-daemon"))  # fmt: skip
+    timings.add(SCENARIO, "MPS pods deleted -> the new MPS daemon pod took over", seconds)
+    timings.add(SCENARIO, "helm upgrade -> MPS daemon replaced (ten MPS pods ran meanwhile)",
+                time.monotonic() - started)
+    timings.add(SCENARIO, "took over -> allocatable 10",
+                cluster.wait_allocatable(10, namespace=release.namespace))
+    assert cluster.host(f"cat {pid_file}", check=False).stdout.strip() != pid, "the new pod's daemon"
+
+
 CONFIGMAP_PROPAGATION_S = 180
 
 
@@ -168,5 +232,6 @@ def test_uninstall_leaves_nothing_behind(cluster: Cluster, release: Release, tim
     # (./gpu.nvidia.com is the DRA plugin's MPS folder, of the DRA scenarios, and the stand-in's state)
     host_left = {p for p in listing.split() if not p.startswith("./gpu.nvidia.com")}
     kept = {f"./{GPU}/status.json", f"./{GPU}/log"}
-    assert host_left <= {"./shm", "./nvidia.com", f"./{GPU}", *kept,
+    # (log/limits-set.jsonl: the stand-in nvidia-cuda-mps-control's record of the limits it was set to)
+    assert host_left <= {"./shm", "./nvidia.com", f"./{GPU}", *kept, f"./{GPU}/log/limits-set.jsonl",
                          f"./{GPU}/log/control.log", f"./{GPU}/log/control.log.1"}, host_left  # fmt: skip

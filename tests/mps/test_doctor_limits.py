@@ -3,6 +3,7 @@ mode each resource's ceiling, in DRA mode each daemon's ceiling and every claim'
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -107,3 +108,25 @@ def test_dra_mode_a_failing_daemon_fails_with_its_error_and_its_limits(tmp_path:
     assert finding.detail.startswith("the daemon is failing: nvidia-cuda-mps-control exited with status 1; "
                                      "enforced ceiling (every client of its MPS server): 25% threads")
     assert str(base / "log" / "control.log") in finding.fix
+
+
+def test_a_waiting_upgrade_of_the_mps_daemon_names_its_pods_in_either_mode(tmp_path: Path) -> None:
+    from nvdp.mps.handover import Handover, Users
+
+    node = inventory(gpu(0))
+    env = {"MPS_CONTAINER_ROOT": str(tmp_path), "KUBELET_REGISTRAR_DIR": str(tmp_path / "registry"),
+           "KUBELET_PLUGINS_DIR": str(tmp_path / "plugins"), "NODE_NAME": "node-a"}
+    for base, users in ((tmp_path, ("ml/train-0",)), (tmp_path / "gpu.nvidia.com", ("claim 1234",))):
+        holder = Handover(base, "old", Users, LOG, None)
+        successor = Handover(base, "mps-new", functools.partial(Users, names=users), LOG, None)
+        try:
+            assert holder.take() and not successor.take()
+            waiting = [f for f in Checks(env, mps_config(10), node).mps()
+                       if f.title == "an upgrade of the MPS daemon waits"]
+        finally:
+            holder.close()
+            successor.close()
+        (finding,) = waiting
+        assert finding.status == "FAIL" and users[0] in finding.detail and "mps-new" in finding.detail
+        assert "mps.upgrade=immediately" in finding.fix
+    assert not [f for f in Checks(env, mps_config(10), node).mps() if "upgrade" in f.title]

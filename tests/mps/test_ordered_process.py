@@ -86,3 +86,51 @@ def test_the_dra_driver_process_carries_out_orders_and_stops_on_sigterm(mps_root
         assert "Traceback" not in proc.output()
     finally:
         node.stop()
+
+
+@pytest.mark.slow
+def test_a_new_pod_waits_while_claims_use_the_daemon_then_takes_over_the_same_state(mps_root: Path) -> None:
+    """mps.upgrade whenIdle: the new pod of a surge starts beside the old one (nvdp.mps.handover)."""
+    node = MpsNode(mps_root)
+    env = {**node.env, "MPS_PROBE_INTERVAL": str(PROBE_S)}
+    argv = [sys.executable, "-m", "nvdp.mps.main", "--dra-driver", DRIVER]
+    old = Proc("old", argv, {**env, "POD_NAME": "dra-mps-old",
+                             "MPS_READY_FILE": str(node.root / "old.ready")}, node.root / "old.log")
+    node.procs.append(old)
+    try:
+        t4 = Gpu(index=0, uuid=T4, name="Tesla T4", memory_bytes=G0.memory_bytes, compute_capability=(7, 5),
+                 minor=0, pci_bus_id=G0.pci_bus_id)
+        first = order(1, t4)
+        where = paths(node.mps_root, first)
+        write_order(node.mps_root, first)
+        assert wait_for(where.ready_marker.exists), old.output()
+        pid = where.ready_marker.read_text().strip()
+        assert (node.root / "old.ready").exists()
+
+        new = Proc("new", argv, {**env, "POD_NAME": "dra-mps-new",
+                                 "MPS_READY_FILE": str(node.root / "new.ready")}, node.root / "new.log")
+        node.procs.append(new)
+        assert new.wait_output("has waited since"), new.output()
+        assert "claim claim-1" in new.output() and "dra-mps-new" in new.output()
+        assert not (node.root / "new.ready").exists()
+        write_order(node.mps_root, order(2, t4, threads=50))  # the old pod still carries out orders
+        assert wait_for(lambda: read_applied(where.base) == Applied(2)), old.output()
+        assert where.ready_marker.read_text().strip() == pid and starts(node.record) == [int(pid)]
+
+        remove_order(node.mps_root, DRIVER, first.name)  # the claim's pod ended: the node is idle
+        assert wait_for((node.root / "new.ready").exists), new.output()
+        write_order(node.mps_root, order(3, t4))  # a claim while the old pod is being retired
+        old.signal(signal.SIGTERM)  # what the DaemonSet controller does once the new pod is Ready
+        assert old.wait() == 0, old.output()
+        assert "a new MPS daemon pod waits to take over" in old.output()
+        assert new.wait_output("taking over"), new.output()
+        assert wait_for(lambda: read_applied(where.base) == Applied(3)), new.output()
+        assert wait_for(where.ready_marker.exists), new.output()
+        assert where.ready_marker.read_text().strip() != pid  # the new pod's daemon
+        assert node.node.compute_mode(T4) == "EXCLUSIVE_PROCESS"
+        new.signal(signal.SIGTERM)
+        assert new.wait() == 0, new.output()
+        assert node.node.compute_mode(T4) == "DEFAULT"
+        assert "Traceback" not in old.output() + new.output()
+    finally:
+        node.stop()

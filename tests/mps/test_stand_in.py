@@ -10,7 +10,7 @@ import pytest
 
 from nvdp.mps import control
 from nvdp.mps.paths import ResourcePaths
-from sim.mps import read_record, recorded_commands
+from sim.mps import RECORD_ENV, connect_client, limits_set, read_record, recorded_commands
 
 from .waiting import wait_for
 
@@ -114,3 +114,29 @@ def test_missing_binary_names_the_fix(paths: ResourcePaths, monkeypatch: pytest.
         "nvidia-cuda-mps-control is not on PATH (/nonexistent); it comes from the host driver: run the "
         "container with the NVIDIA runtime and NVIDIA_DRIVER_CAPABILITIES including compute"
     )
+
+
+def test_every_limit_set_is_recorded_beside_the_log_without_the_record_variable(
+        paths: ResourcePaths, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(RECORD_ENV)  # as on a node, where nothing sets the daemon's environment
+    control.start_daemon(env(paths))
+    pid = int(paths.pid_file.read_text())
+    try:
+        control.send_commands(["set_default_active_thread_percentage 25",
+                               "set_default_device_pinned_mem_limit 0 3840M",
+                               "set_default_active_thread_percentage 0"], env(paths))  # refused: not set
+        server = connect_client(paths.pipe_dir, {})["server"]
+        control.send_commands([f"set_active_thread_percentage {server} 50",
+                               f"set_device_pinned_mem_limit {server} 0 7680M"], env(paths))
+    finally:
+        control.send_commands(["quit"], env(paths))
+    assert limits_set(paths.log_dir) == [
+        {"scope": "default", "server": None, "limit": "active_thread_percentage", "device": None,
+         "value": "25.0", "pid": pid},
+        {"scope": "default", "server": None, "limit": "device_pinned_mem_limit", "device": 0,
+         "value": "3840M", "pid": pid},
+        {"scope": "server", "server": server, "limit": "active_thread_percentage", "device": None,
+         "value": "50.0", "pid": pid},
+        {"scope": "server", "server": server, "limit": "device_pinned_mem_limit", "device": 0,
+         "value": "7680M", "pid": pid},
+    ]

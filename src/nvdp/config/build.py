@@ -118,6 +118,7 @@ def _replicated(doc: Mapping[str, Any] | None, fail_by_default: bool) -> Replica
                 replicas=entry["replicas"],
                 rename=rename,
                 devices=device_selection(entry.get("devices", "all")),
+                strict_shares=bool(entry.get("strictShares", False)),
             )
         )
     return ReplicatedResources(

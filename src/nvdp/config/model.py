@@ -144,6 +144,9 @@ class ReplicatedResource(Struct, frozen=True):
     replicas: int
     rename: str | None = None  # fully qualified; None keeps `name`
     devices: DeviceSelection = field(default_factory=DeviceSelection)
+    # sharing.mps in DRA mode: every claim on these GPUs gets exactly one share
+    # (nvdp.dra.claims.sharing.strict).
+    strict_shares: bool = False
 
 
 class ReplicatedResources(Struct, frozen=True):

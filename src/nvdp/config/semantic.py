@@ -5,7 +5,7 @@ Runs on documents that may also have schema errors, so every lookup checks its t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from nvdp.config.issues import ConfigIssue, DocPath, format_path, show_value
@@ -49,6 +49,7 @@ def semantic_issues(doc: Mapping[Any, Any], locate: Locate) -> list[ConfigIssue]
             name_ok = check_name((*base, "name"), name, "name a resource the node has, e.g. nvidia.com/gpu")
             rename = entry.get("rename")
             check_name((*base, "rename"), rename, "e.g. gpu.shared")
+            strict_shares_issue(kind, entry, base, add)
             if isinstance(name, str) and name:
                 qualified = qualify_resource_name(name)
                 names[kind].setdefault(qualified, (*base, "name"))
@@ -124,6 +125,25 @@ def semantic_issues(doc: Mapping[Any, Any], locate: Locate) -> list[ConfigIssue]
     if isinstance(channels, list) and channels not in ([], [0]):
         add(("imex", "channelIDs"), "channelIDs must be [] or [0]", channels, "use [] (none) or [0]")
     return issues
+
+
+def strict_shares_issue(kind: str, entry: Mapping[Any, Any], base: DocPath,
+                        add: Callable[[DocPath, str, object, str], None]) -> None:
+    """`strictShares` where it cannot hold: time-slicing has no ceilings to set, and one replica no shares."""
+    if entry.get("strictShares") is not True:
+        return
+    path: DocPath = (*base, "strictShares")
+    if kind != "mps":
+        add(path, "strict shares are MPS ceilings, and time-slicing sets no limit at all", None,
+            "share this resource through sharing.mps to give every claim an enforced share, or remove "
+            "strictShares")
+        return
+    replicas = entry.get("replicas")
+    if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas < 2:
+        add(path, f"strict shares need replicas of 2 or more: with replicas {replicas} the GPU is not "
+            "shared, so there is no share to hold claims to", None,
+            "set replicas to the number of equal shares per GPU (each share is 1/replicas of its threads "
+            "and memory), or remove strictShares")
 
 
 def _mapping(value: object) -> Mapping[Any, Any]:

@@ -32,7 +32,7 @@ class MpsChecks:
 
     def mps(self) -> list[Finding]:
         title = "the MPS control daemon answers"
-        claims = self._dra_mps_limits()
+        claims = self._dra_mps_limits() + self._upgrades_waiting()
         if self._dra_mode():
             return claims or [passed("mps", title, "DRA mode: the DRA plugin runs MPS for its claims, and "
                                                    "none on this node uses MPS")]
@@ -42,6 +42,28 @@ class MpsChecks:
         if not shared:
             return [passed("mps", title, "no resource is shared with MPS"), *claims]
         return [self._mps_resource(r) for r in shared] + claims
+
+    def _upgrades_waiting(self) -> list[Finding]:
+        """A new MPS daemon pod of this node that waits to take over (mps.upgrade whenIdle), in either
+        mode: which pods or claims it waits for (nvdp.mps.handover)."""
+        from nvdp.config.names import DRA_DRIVER_ENV, node_name
+        from nvdp.dra.pool.names import DEFAULT_DRIVER
+        from nvdp.mps.handover import live_wait
+        from nvdp.mps.paths import container_root
+
+        root = container_root(self.where.env)
+        driver = self.where.env.get(DRA_DRIVER_ENV) or DEFAULT_DRIVER
+        findings = []
+        for base in (root, root / driver):
+            waiting = live_wait(base)
+            if waiting is None:
+                continue
+            findings.append(failed(
+                "mps", "an upgrade of the MPS daemon waits", waiting.message(node_name(self.where.env)),
+                "nothing: it takes over once those pods end. To upgrade now (their MPS clients fail), delete "
+                "the old MPS daemon pod of this node; chart value mps.upgrade=immediately does so on every "
+                "upgrade"))
+        return findings
 
     def _dra_mode(self) -> bool:
         from nvdp.doctor.dra_check import dra_node, node_mode

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from nvdp.dra.claims.sharing.node import NodeSharing
     from nvdp.dra.kubelet.server import DraServer
     from nvdp.health.ledger import Change, Ledger
+    from nvdp.mps.handover import WaitReporter
 
 LOCK_FILE = "pu.lock"
 # The loop wakes this often to check that its sockets are still there (a kubelet's clean-up, or an
@@ -70,6 +71,7 @@ class DraWork(DaemonWork):
         self.unhealthy: frozenset[str] = frozenset()
         self.preparer: ClaimPreparer | None = None
         self.mps: ClaimMps | None = None
+        self.mps_upgrade: WaitReporter | None = None
         self.server: DraServer | None = None
         self.health = HealthWatch(self.log, self.recorder, "nvidia-dra-plugin")
         # Each published device's health (taints and the message the kubelet shows in the pod's status),
@@ -98,9 +100,11 @@ class DraWork(DaemonWork):
     def prepare(self, chosen: Chosen | None) -> Serving:
         """Config, GPUs, devices and CDI facts; StartupError / NvmlMissing, changing nothing."""
         from nvdp.dra.claims.checkpoint import read_owned_mig
+        from nvdp.dra.claims.identity.metadata import HOST_SUBDIR
 
         owned = read_owned_mig(os.path.join(self.plugin_dir, CHECKPOINT_FILE))
-        return prepare(self.load(chosen), chosen, self.args.cdi_root, self.log, owned.owns)
+        return prepare(self.load(chosen), chosen, self.args.cdi_root, self.log, owned.owns,
+                       os.path.join(self.plugin_dir, HOST_SUBDIR))
 
     def mode_of(self, chosen: Chosen | None) -> Mode:
         """The mode `chosen` puts the node in (its config read once more, before anything is read from
@@ -235,7 +239,7 @@ class DraWork(DaemonWork):
         from nvdp.dra.kubelet.health_service import HealthFeed
         from nvdp.dra.kubelet.server import DraServer
         from nvdp.dra.pool.publish import SlicePublisher
-        from nvdp.dra.serving import claim_instances
+        from nvdp.dra.serving import claim_instances, claim_status
         from nvdp.kube import get_claim, list_claims
 
         client = self.skeleton.api.client()
@@ -251,7 +255,7 @@ class DraWork(DaemonWork):
             lock_path=os.path.join(self.plugin_dir, LOCK_FILE),
             specs=CurrentSpecs(self._writer), get_claim=lambda ns, name: get_claim(client, ns, name),
             view=self.view, log=self.log, sharing=self.node_sharing(client),
-            instances=claim_instances(self.serving, client, self.driver, self.log),
+            instances=claim_instances(self.serving, self.log), status=claim_status(client, self.driver),
             in_use=lambda: {(u.namespace, u.name)
                             for u in claims_in_use(self.args.kubelet_pod_resources_socket)})
         problem = self.preparer.restore(lambda: list_claims(client))
@@ -279,13 +283,15 @@ class DraWork(DaemonWork):
         assert self.serving is not None
         sharing, self.mps = node_sharing(client, self.serving, self.env, self.driver, self.node, self.log,
                                          self.recorder)
+        if self.mps is not None:  # a new MPS daemon pod that waits for this node's claims: an Event says so
+            from nvdp.mps.handover import WaitReporter
+
+            self.mps_upgrade = WaitReporter(self.mps.root / self.driver, self.node, self.recorder.event)
         return sharing
 
     def on_registered(self, registered: bool, error: str) -> None:
-        if registered:
-            self.log.info("Registered with the kubelet as DRA driver %s", self.driver)
-        else:
-            self.log.error("The kubelet refused the registration of DRA driver %s: %s", self.driver, error)
+        # The server logs the kubelet's answer (nvdp.dra.kubelet.server); nothing else follows from it here.
+        return None
 
     def on_health(self, unhealthy: frozenset[str], changes: Sequence[Change]) -> None:
         """The health monitor's consumer: devices of GPUs that are down get their taints (or leave the
@@ -360,6 +366,8 @@ class DraWork(DaemonWork):
             self.mode.advertising()
         self.slices.retry()
         self.expire_notices()
+        if self.mps_upgrade is not None:
+            self.mps_upgrade.check()
         if self.preparer is not None:
             self.preparer.catch_up()  # a lost checkpoint's rebuild, claim statuses: once the API answers
         return None

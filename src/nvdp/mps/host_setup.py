@@ -20,6 +20,7 @@ from pathlib import Path
 
 from nvdp.mps import hostmount, shm
 from nvdp.mps.commands import MpsSettings
+from nvdp.mps.handover import holder_running
 from nvdp.mps.paths import HOST_ROOT_ENV, ResourcePaths, container_root, shm_dir
 
 PROG = "mps-control-daemon"
@@ -46,6 +47,11 @@ def host_shm_dir() -> Path | None:
 
 
 def mount_shm(dry_run: bool) -> int:
+    if holder_running(container_root()):
+        # The new pod of a rolling update: the running pod's clients use this tmpfs (nvdp.mps.handover).
+        print(f"an MPS daemon pod of this node runs its daemons under {container_root()}: its tmpfs stays, "
+              "and this pod shares it when it takes over", flush=True)
+        return 0
     host_path = host_shm_dir()
     if hostmount.wanted():
         namespace = hostmount.host_namespace()

@@ -20,6 +20,10 @@ nvdp.mps.hostmount). On its final stop the daemon removes what only a running da
 each resource's pipe folder and readiness marker, and the tmpfs it mounted (`mps-control-daemon
 unmount-shm`; pods that still use it keep it until they end). The bounded log folder stays.
 
+In both modes a pod starts daemons only once it holds its node (nvdp.mps.handover): the new pod of a
+rolling update waits beside the old one, Ready only while no pod of the node uses MPS, and takes over
+when the old one ends; the old pod's final stop then leaves the host's MPS state to it.
+
 `mps-control-daemon --dra-driver NAME` (env MPS_DRA_DRIVER; the chart's `<release>-dra-mps` DaemonSet)
 runs the daemons of DRA claims instead, from the orders the DRA plugin writes under
 `<MPS root>/NAME/orders` (nvdp.mps.ordered): in a pod of their own, they outlive a restart, crash or
@@ -65,18 +69,18 @@ def env_seconds(name: str, default: float) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nvdp.config.flags import add_config_arguments
+    from nvdp.config.flags import ENV_RULE, ScreenHelp, add_config_arguments
 
     parser = argparse.ArgumentParser(
+        formatter_class=ScreenHelp,
         prog=PROG,
-        description=__doc__.split("\n\n")[0],
+        description=f"{__doc__.split(chr(10) * 2)[0]} {ENV_RULE}",
         epilog=f"`{PROG} mount-shm [--dry-run]` mounts the tmpfs MPS clients share as /dev/shm.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    add_config_arguments(parser)
     parser.add_argument(
         "--metrics-address", default=os.environ.get(METRICS_ADDRESS_ENV) or None, metavar="HOST:PORT",
-        help=f"serve Prometheus metrics at /metrics, e.g. :9446 (env {METRICS_ADDRESS_ENV}); off by default",
+        help="serve Prometheus metrics at /metrics, e.g. :9446; off by default",
     )
     add_node_config_arguments(parser)
     parser.add_argument(
@@ -84,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the MPS daemons the DRA driver NAME orders under <MPS root>/NAME/orders instead of the "
         f"config's (env {DRA_DRIVER_ENV}); config arguments are then ignored",
     )
+    add_config_arguments(parser, listed=False)
     return parser
 
 

@@ -20,15 +20,32 @@ from nvdp.daemon.errors import CannotGoOn
 from nvdp.daemon.pernode.mode import ModeGate, driver_name, follower_mode
 from nvdp.daemon.pernode.nodeconfig import Chosen, NodeConfigSettings
 from nvdp.daemon.podresources import kubelet_pods_from
+from nvdp.daemon.runloop import Wakes
 from nvdp.daemon.skeleton import DaemonWork, Skeleton
 from nvdp.mps.commands import MpsConfigError, MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeModes
 from nvdp.mps.daemons import Daemons, plan_mps
+from nvdp.mps.handover import HOLDER_FILE, Handover, Users, read_holder
 from nvdp.mps.host_setup import clean_up
 from nvdp.mps.paths import ResourcePaths, unusable_root, unusable_root_message
 
 if TYPE_CHECKING:
-    from nvdp.daemon.pernode.mode import NodeApi
+    from nvdp.daemon.pernode.mode import KubeletPods, NodeApi
+
+# How often a pod waiting for its turn on the node asks again (nvdp.mps.handover).
+HANDOVER_POLL_S = 1.0
+
+
+def pods_using(resources: set[str], kubelet_pods: KubeletPods | None) -> Users:
+    """The pods the kubelet runs that were given devices of `resources` (`namespace/name`)."""
+    if kubelet_pods is None:
+        return Users(unknown="the kubelet's pod-resources socket is not mounted "
+                     "(KUBELET_POD_RESOURCES_SOCKET is not set)")
+    try:
+        pods = kubelet_pods()
+    except Exception as err:  # the client's PodResourcesUnavailable, whose message has the fix
+        return Users(unknown=str(err))
+    return Users(names=tuple(sorted(f"{p.namespace}/{p.name}" for p in pods if resources & set(p.resources))))
 
 
 def load_settings(
@@ -101,6 +118,9 @@ class MpsDaemonWork(DaemonWork):
         self.probe_interval = probe_interval
         self.settings = settings
         self.current: Daemons | None = None
+        # Loaded settings not in force yet: this pod waits for its turn on the node (nvdp.mps.handover).
+        self.pending: tuple[str, list[MpsSettings], Callable[[], ComputeModes]] | None = None
+        self.handover = Handover.from_env(root, self._users, self.log)
 
     def mode_api(self) -> NodeApi | None:
         """The pods on this node: with per-node config only, where the mode can change while it runs."""
@@ -118,18 +138,37 @@ class MpsDaemonWork(DaemonWork):
         if chosen is not None:
             log.info("per-node config: %s", chosen.describe())
         try:
-            source, settings, modes_factory = load_settings(self.args, chosen, self.skeleton.gate,
-                                                            self.skeleton.env)
+            loaded = load_settings(self.args, chosen, self.skeleton.gate, self.skeleton.env)
         except start_errors() as err:
             raise ConfigRefused(str(err)) from None
-        unusable = root_problem(self.root, settings)
+        unusable = root_problem(self.root, loaded[1])
         if unusable is not None and self.current is None:
             # Exit so the pod shows the failure (CrashLoopBackOff) instead of looking Running.
             raise CannotStart(unusable)
+        self.pending = loaded
+        self._take_turn()
+
+    def step(self, wakes: Wakes) -> int | None:
+        if self.pending is not None:
+            self._take_turn()
+        return None
+
+    def wake_after(self) -> float | None:
+        # While another pod of this node runs the daemons: ask again for our turn, and who uses MPS.
+        return HANDOVER_POLL_S if self.pending is not None else None
+
+    def _take_turn(self) -> None:
+        """Put the pending settings in force once this pod holds the node (nvdp.mps.handover)."""
+        if self.pending is None or not self.handover.take():
+            return
+        source, settings, modes_factory = self.pending
+        self.pending = None
+        log = self.log
         if self.current is not None:
             log.info("reloading: stopping the running MPS daemons")
             self.current.stop()
         log.info("config: %s", source)
+        self.handover.record_resources(tuple(item.resource_name for item in settings))
         self.current = Daemons(settings, self.root, modes_factory, log, self.probe_interval,
                                recorder=self.skeleton.recorder)
         if not settings:
@@ -141,6 +180,14 @@ class MpsDaemonWork(DaemonWork):
         except ComputeModeError as err:
             raise CannotStart(str(err)) from None
 
+    def _users(self) -> Users:
+        """The pods on this node given devices of a resource the holder serves with MPS."""
+        holder = read_holder(self.root)
+        if holder is None:
+            return Users(unknown=f"{self.root / HOLDER_FILE} (the running MPS daemon pod's resources) cannot "
+                         "be read")
+        return pods_using(set(holder.resources), kubelet_pods_from(self.skeleton.env))
+
     def start_failed(self, err: Exception) -> int | None:
         from nvdp.config.select import SelectionError
         from nvdp.daemon.pernode.nodechoice import ConfigRefused
@@ -151,14 +198,20 @@ class MpsDaemonWork(DaemonWork):
         return 1
 
     def finish(self, code: int) -> int:
-        """The final stop: daemons down, compute modes back to DEFAULT, host state cleaned up."""
+        """The final stop: daemons down, compute modes back to DEFAULT, host state cleaned up, unless a
+        new pod of this node waits to take over: it shares that state (nvdp.mps.handover)."""
         if code != 0:
+            self.handover.close()
             return code
         self.log.info("stopping")
         stopping, self.current = self.current, None
         restored = stopping.stop() if stopping is not None else True
-        if stopping is not None:
+        successor = self.handover.successor_waiting()
+        if successor:
+            self.log.info("a new MPS daemon pod waits to take over: the MPS tmpfs and folders stay")
+        elif stopping is not None:
             clean_up(stopping.settings, self.root)
+        self.handover.close(last=not successor)
         if not restored:
             self.log.error("stopped, but a GPU's compute mode could not be restored to DEFAULT (see above)")
             return 1

@@ -36,6 +36,8 @@ class PlannedResource(Struct, frozen=True, dict=True):
     sharing: SharingStrategy = "none"
     replicas: int = 1
     fail_requests_greater_than_one: bool = False
+    # sharing.mps with strictShares: in DRA mode every claim gets exactly one replica's share.
+    strict_shares: bool = False
     # The resource name before `rename` / `renameByDefault`, for messages.
     source_name: str = ""
 

@@ -163,6 +163,7 @@ def _assemble(
             sharing=sharing.strategy,
             replicas=group.entry.replicas,
             fail_requests_greater_than_one=fail_gt1,
+            strict_shares=group.entry.strict_shares and sharing.strategy == "mps",
             source_name=group.entry.name,
         )
         owners[group.target] = group.label

@@ -22,6 +22,7 @@ from nvdp.config.names import node_name
 from nvdp.daemon.guard import guarded_loop, guarded_thread
 from nvdp.daemon.report.recording import Recorder
 from nvdp.mps import control
+from nvdp.mps.handover import WaitReporter
 from nvdp.mps.paths import HOST_ROOT_ENV, ResourcePaths, container_root, unusable_root, unusable_root_message
 from nvdp.mps.status import DaemonStatus, read_status
 
@@ -72,6 +73,8 @@ class MpsGate:
         self._watcher: threading.Thread | None = None
         # What is missing while the resource is held back (readiness and Events show it); None when ready.
         self.waiting_reason: str | None = None
+        self.upgrade = WaitReporter(root, self.node_name,
+                                    lambda reason, message: self.recorder.event(reason, message))
 
     @classmethod
     def from_env(
@@ -174,6 +177,7 @@ class MpsGate:
                 self.log.exception("%s: checking the MPS control daemon failed", self.resource_name)
                 problem = f"{self.resource_name}: checking the MPS control daemon failed: {err}"
             self.waiting_reason = problem
+            self.upgrade.check()
             now = problem is None
             if now == state:
                 return

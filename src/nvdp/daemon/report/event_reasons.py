@@ -61,6 +61,9 @@ REASONS: Mapping[str, Reason] = MappingProxyType({
     # MPS (nvdp.plugin.mps_gate, through Recorder.mps_ready)
     "MPSDaemonNotReady": Reason(_DP, "an MPS resource waits for its control daemon"),
     "MPSDaemonReady": Reason(_DP, "the MPS control daemon answers after a wait"),
+    "MPSUpgradeWaiting": Reason(
+        _PLUGINS, "a new MPS daemon pod waits to take over until no pod of its node uses MPS "
+        "(nvdp.mps.handover)"),
     # The DRA plugin (nvdp.dra)
     "CheckpointSetAside": Reason(_DRA, "an unreadable checkpoint was set aside and rebuilt"),
     "ForeignMigDevices": Reason(

@@ -20,6 +20,9 @@ from nvdp.plan.patterns import GPU_RESOURCE, mig_resource_name
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+# KEP-6072's standard attribute: a claim's `matchAttribute` constraint puts a GPU and another driver's
+# device (a NIC) on one NUMA node. An int, as NVIDIA's driver publishes it without DRAListTypeAttributes.
+NUMA_NODE = "resource.kubernetes.io/numaNode"
 ADDRESSING_MODE = "addressingMode"
 RESOURCE_ATTRIBUTE = "resource"
 MIB = 1024 * 1024
@@ -59,6 +62,9 @@ class DraDevice(Struct, frozen=True):
     resource: str = ""
     replicas: int = 1
     sharing: SharingStrategy = "none"
+    # Strict MPS shares (sharing.mps strictShares): its slice offers one share size, and every claim on
+    # it gets exactly that as its enforced MPS limits (nvdp.dra.claims.sharing.strict).
+    strict: bool = False
     # migStrategy dynamic (nvdp.dra.pool.partitions): the placement a MIG device is made at (uuid is ""
     # until then), and the counters of its GPU's counter set the device consumes.
     placement: Placement | None = None
@@ -110,22 +116,26 @@ def dra_devices(inventory: Inventory) -> tuple[DraDevice, ...]:
 def with_plan(devices: Iterable[DraDevice], plan: Plan) -> tuple[DraDevice, ...]:
     """The devices with what the node's plan says of them: the `resource` attribute (the name the
     device plugin advertises the device under with this config, which extended-resource DeviceClasses
-    select on), and the replicas and sharing strategy of that resource.
+    select on), and the replicas, sharing strategy and strict MPS shares of that resource.
 
     A device the plan leaves out (migStrategy none advertises a MIG-enabled GPU whole, or a pattern
     matches nothing) keeps NVIDIA's default name (nvidia.com/gpu, nvidia.com/mig-<profile>) unshared.
     """
-    planned: dict[str, tuple[str, int, SharingStrategy]] = {}
+    planned: dict[str, tuple[str, int, SharingStrategy, bool]] = {}
     for resource in plan.resources:
         for entry in resource.devices:
-            planned.setdefault(entry.base_id, (resource.name, resource.replicas, resource.sharing))
+            planned.setdefault(entry.base_id, (resource.name, resource.replicas, resource.sharing,
+                                               resource.strict_shares))
     out = []
     for device in devices:
-        name, replicas, sharing = planned.get(device.uuid, (_default_resource(device), 1, "none"))
+        unplanned = (_default_resource(device), 1, "none", False)
+        name, replicas, sharing, strict = planned.get(device.uuid, unplanned)
         if replicas <= 1:
             replicas, sharing = 1, "none"
+        strict = strict and sharing == "mps" and device.kind == "gpu"
         attributes = {**device.attributes, RESOURCE_ATTRIBUTE: {"string": name}}
-        out.append(replace(device, attributes=attributes, resource=name, replicas=replicas, sharing=sharing))
+        out.append(replace(device, attributes=attributes, resource=name, replicas=replicas, sharing=sharing,
+                           strict=strict))
     return tuple(out)
 
 
@@ -163,6 +173,10 @@ def common_attributes(gpu: Gpu, inventory: Inventory) -> Attributes:
     attrs[PCI_BUS_ID] = {"string": pci_address(gpu.pci_bus_id)}
     if gpu.pcie_root is not None:
         attrs[PCIE_ROOT] = {"string": gpu.pcie_root}
+    # The node the GPU's PCI device hangs off, from sysfs (nvdp.inventory.nvml.numa_node, what the device
+    # plugin reports to the kubelet's topology manager); left out where sysfs has none.
+    if gpu.numa_node is not None:
+        attrs[NUMA_NODE] = {"int": gpu.numa_node}
     # "ATS" (GH200, GB200), "HMM", or "None" when supported but inactive; left out where NVML does not
     # support the call, as NVIDIA's driver does.
     if gpu.addressing_mode:

@@ -123,13 +123,19 @@ def _device(device: DraDevice, taints: Sequence[Mapping[str, Any]] = ()) -> dict
         # unless it asks for more. A capacity without a request policy would be taken whole by the
         # first claim, so each gets a default. API servers without the DRAConsumableCapacity gate
         # drop these fields, and the device is then allocated to one claim at a time.
+        # Strict shares offer the default as the only valid value: the scheduler rounds a smaller
+        # request up to it and allocates no claim asking for more.
         out["allowMultipleAllocations"] = True
-        for entry in capacity.values():
-            entry["requestPolicy"] = {"default": str(_number(entry["value"]) // device.replicas)}
-        capacity[REPLICAS_CAPACITY] = {
-            "value": str(device.replicas),
-            "requestPolicy": {"default": "1", "validRange": {"min": "1", "step": "1"}},
-        }
+        share = share_capacity(device)
+        capacity[REPLICAS_CAPACITY] = {"value": str(device.replicas)}
+        for name, entry in capacity.items():
+            default = str(share[name])
+            if device.strict:
+                entry["requestPolicy"] = {"default": default, "validValues": [default]}
+            elif name == REPLICAS_CAPACITY:
+                entry["requestPolicy"] = {"default": default, "validRange": {"min": "1", "step": "1"}}
+            else:
+                entry["requestPolicy"] = {"default": default}
     if capacity:
         out["capacity"] = capacity
     if device.consumes and device.counter_set is not None:
@@ -138,6 +144,14 @@ def _device(device: DraDevice, taints: Sequence[Mapping[str, Any]] = ()) -> dict
     if taints:
         out["taints"] = [dict(t) for t in taints]
     return out
+
+
+def share_capacity(device: DraDevice) -> dict[str, int]:
+    """What one claim takes of a shared device by default: one replica, and 1/replicas of each of its
+    other capacities (memory in bytes). Under strict shares, the only size its slice offers."""
+    share = {name: _number(entry["value"]) // device.replicas for name, entry in device.capacity.items()}
+    share[REPLICAS_CAPACITY] = 1
+    return share
 
 
 def _number(text: str) -> int:
@@ -171,6 +185,8 @@ def _normal(value: Any, key: str) -> Any:
 def _capacity(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _capacity(v) for k, v in value.items() if v not in (None, {}, [])}
+    if isinstance(value, list):  # a request policy's validValues
+        return [_capacity(v) for v in value]
     m = _QUANTITY.match(value) if isinstance(value, str) else None
     if m is not None:
         return int(m.group(1)) * _SUFFIX.get(m.group(2) or "", 1)

@@ -107,10 +107,11 @@ class OrderedDaemons:
             if running.unwritten is not None:
                 self._guarded(name, "recording", partial(self._write_applied, running))
 
-    def stop(self) -> bool:
+    def stop(self, *, clean_up_host: bool = True) -> bool:
         """The final stop: every daemon stopped, compute modes back to DEFAULT, the host state of a
         running daemon cleaned up (nvdp.mps.host_setup.clean_up, the tmpfs at `<MPS root>/<driver>/shm`
-        included). The orders stay: they are the DRA plugin's. False when a compute mode stayed changed,
+        included) unless `clean_up_host` is False (a new pod takes over and shares it). The orders
+        stay: they are the DRA plugin's. False when a compute mode stayed changed,
         now or when an earlier daemon stopped. Only the first call does anything."""
         if self._stopped:
             return not self._unrestored
@@ -120,6 +121,8 @@ class OrderedDaemons:
             settings.append(self._running[name].daemon.settings)
             self._guarded(name, "stopping", partial(self._stop, name, "shutting down", withdrawn=False))
         self._close_modes()
+        if not clean_up_host:
+            return not self._unrestored
         host_root = os.environ.get(HOST_ROOT_ENV) or str(self.root)
         try:
             clean_up(settings, self.root, f"{host_root.rstrip('/')}/{self.driver}")

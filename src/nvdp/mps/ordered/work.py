@@ -15,10 +15,11 @@ from nvdp.daemon.pernode.nodeconfig import Chosen
 from nvdp.daemon.runloop import EXIT_FAILED, Wakes
 from nvdp.daemon.skeleton import DaemonWork, Skeleton
 from nvdp.mps.compute_mode import ComputeModes
+from nvdp.mps.handover import Handover, Users
 from nvdp.mps.ordered.daemons import ModesUnavailable, OrderedDaemons
-from nvdp.mps.ordered.orders import orders_dir
+from nvdp.mps.ordered.orders import orders_dir, read_orders
 from nvdp.mps.paths import unusable_root, unusable_root_message
-from nvdp.mps.work import CannotStart
+from nvdp.mps.work import HANDOVER_POLL_S, CannotStart
 
 # How often the orders are read: a prepare waits for its order, and a pass over a few files is cheap.
 ORDER_POLL_S = 0.2
@@ -36,6 +37,7 @@ class OrderedDaemonsWork(DaemonWork):
         self.daemons = OrderedDaemons(root, driver, modes_factory, skeleton.log, probe_interval_s,
                                       recorder=skeleton.recorder)
         self._checked = False
+        self.handover = Handover.from_env(root / driver, self._users, skeleton.log)
 
     def switch(self, chosen: Chosen | None) -> None:
         # Called once at start (no config to choose) and on SIGHUP, which has nothing to reload.
@@ -57,21 +59,40 @@ class OrderedDaemonsWork(DaemonWork):
         return self._pass()
 
     def wake_after(self) -> float | None:
-        return ORDER_POLL_S
+        return ORDER_POLL_S if self.handover.holding else HANDOVER_POLL_S
 
     def finish(self, code: int) -> int:
-        """The final stop: daemons down, compute modes back to DEFAULT, host state cleaned up."""
+        """The final stop: daemons down, compute modes back to DEFAULT, host state cleaned up, unless a
+        new pod of this node waits to take over: it shares that state (nvdp.mps.handover)."""
+        if not self.handover.holding:
+            self.handover.close()
+            return code
         self.log.info("stopping the MPS daemons of DRA driver %s (their orders stay)", self.driver)
-        if not self.daemons.stop():
+        successor = self.handover.successor_waiting()
+        if successor:
+            self.log.info("a new MPS daemon pod waits to take over: the MPS tmpfs and folders stay")
+        restored = self.daemons.stop(clean_up_host=not successor)
+        self.handover.close(last=not successor)
+        if not restored:
             self.log.error("stopped, but a GPU's compute mode could not be restored to DEFAULT (see above)")
             return code or EXIT_FAILED
         return code
 
     def stop(self) -> None:
-        # After a failed start or a fatal error too; a no-op after `finish`.
-        self.daemons.stop()
+        # After a failed start or a fatal error too; a no-op after `finish`. A pod still waiting for its
+        # turn started nothing, and the host's state (the tmpfs it shares) is the running pod's.
+        if self.handover.holding:
+            self.daemons.stop(clean_up_host=not self.handover.successor_waiting())
+
+    def _users(self) -> Users:
+        """The claims whose daemons the running pod serves: an order stands while its claims are
+        prepared, and the kubelet unprepares a claim only once its pod has ended."""
+        orders = read_orders(self.root, self.driver)
+        return Users(names=tuple(sorted(f"claim {uid}" for order in orders.values() for uid in order.claims)))
 
     def _pass(self) -> int | None:
+        if not self.handover.take():
+            return None
         try:
             self.daemons.reconcile()
         except ModesUnavailable as err:

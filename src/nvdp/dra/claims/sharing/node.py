@@ -1,14 +1,14 @@
 """What a claim's sharing does on the node: the time-slice interval, the MPS daemon, the client limits.
 
 `claim_share` (pure) turns the sharing each of a claim's devices gets (`nvdp.dra.claims.sharing.gpuconfig`:
-the
-claim's and its classes' GpuConfig, else the node's sharing config) into a `ClaimShare`: the GPUs whose
+the claim's and its classes' GpuConfig, else the node's sharing config) into a `ClaimShare`: the GPUs whose
 MPS daemon it joins, its MPS limits (for that daemon's ceiling and as the client variables of its
 containers), the intervals to set. An MPS limit the config does not set comes from the capacity the
-claim was allocated (`with_consumed`: `memory` is its pinned-memory limit, `replicas` r of a GPU's N its
-r/N of the threads). `NodeSharing` carries it out at prepare and undoes it at unprepare; the checkpoint
-keeps each claim's `ClaimShare`, so a restarted plugin starts the same daemons and writes the same spec
-again.
+claim was allocated (`with_consumed`; nvdp.dra.claims.sharing.capacity: `memory` is its pinned-memory
+limit, `replicas` r of a GPU's N its r/N of the threads). On a GPU with strict shares a claim's limits
+must be that GPU's one share (nvdp.dra.claims.sharing.strict). `NodeSharing` carries it out at prepare
+and undoes it at unprepare; the checkpoint keeps each claim's `ClaimShare`, so a restarted plugin starts
+the same daemons and writes the same spec again.
 """
 
 from __future__ import annotations
@@ -20,21 +20,21 @@ from typing import Any, Protocol
 import msgspec
 
 from nvdp.cdi.spec import ContainerEdits, Mount
-from nvdp.claim_results import allocation_results, result_field
 from nvdp.dra.claims.causes import INVALID_CONFIG, SHARING_SETUP
 from nvdp.dra.claims.check import ClaimProblem
 from nvdp.dra.claims.records import ClaimLimits
 from nvdp.dra.claims.records import ClaimShare as ClaimShare
+from nvdp.dra.claims.sharing.capacity import capacity_limits as capacity_limits
+from nvdp.dra.claims.sharing.capacity import consumed_capacity as consumed_capacity
+from nvdp.dra.claims.sharing.capacity import share_limits
 from nvdp.dra.claims.sharing.config_drivers import near_miss_configs
 from nvdp.dra.claims.sharing.events import CONFIG_DRIVER_MISMATCH
 from nvdp.dra.claims.sharing.gpuconfig import DeviceSharing, MpsLimits, SharingProblem, device_sharing
 from nvdp.dra.claims.sharing.mps import CONTAINER_PIPE_DIR, ClaimMps, MpsUnavailable, claim_limits, client_env
-from nvdp.dra.claims.sharing.quantity import QuantityError, quantity_value
+from nvdp.dra.claims.sharing.strict import check_strict, with_offered
 from nvdp.dra.claims.sharing.timeslice import TimesliceError, set_timeslice
 from nvdp.dra.pool.devices import DraDevice
-from nvdp.dra.pool.slices import REPLICAS_CAPACITY
 
-MIB = 1024 * 1024
 # As NVIDIA's DRA driver mounts the MPS folders: written to by the clients, nothing else.
 MPS_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "bind")
 NODE_SOURCE = "node config (sharing.mps)"
@@ -44,46 +44,10 @@ def node_default(device: DraDevice) -> DeviceSharing:
     """A device's sharing when no claim or class config names it: the node's sharing config, whose
     MPS replicas split the GPU's threads and memory evenly, as the device plugin's MPS daemon does."""
     if device.sharing == "mps" and device.kind == "gpu":
-        memory = int(device.capacity.get("memory", {}).get("value", "0") or 0)
-        mib = memory // device.replicas // MIB if memory else None
-        return DeviceSharing(strategy="MPS", source=NODE_SOURCE,
-                             mps=MpsLimits(active_thread_percentage=max(1, 100 // device.replicas),
-                                           pinned_memory_limit_mib=mib or None))
+        return DeviceSharing(strategy="MPS", source=NODE_SOURCE, mps=share_limits(device))
     if device.sharing == "time-slicing":
         return DeviceSharing(strategy="TimeSlicing", source="node config (sharing.timeSlicing)")
     return DeviceSharing()
-
-
-def consumed_capacity(claim: Mapping[str, Any], driver: str) -> dict[str, dict[str, int]]:
-    """The capacity the scheduler allocated the claim from each device of `driver` (consumable
-    capacity: `consumedCapacity` in its allocation results), by device name; summed over the results
-    naming one device. ClaimProblem naming the field when a value is not a quantity."""
-    found: dict[str, dict[str, int]] = {}
-    for i, result in allocation_results(claim):
-        consumed = result.get("consumedCapacity")
-        if not isinstance(consumed, Mapping) or result.get("driver") != driver:
-            continue
-        device = found.setdefault(str(result.get("device", "")), {})
-        for name, value in consumed.items():
-            try:
-                amount = quantity_value(value)
-            except (QuantityError, TypeError) as err:
-                raise ClaimProblem(f"{result_field(i, 'consumedCapacity')}.{name}: "
-                                   f"{err}; the claim must be allocated again") from None
-            device[str(name)] = device.get(str(name), 0) + amount
-    return found
-
-
-def capacity_limits(device: DraDevice, consumed: Mapping[str, int]) -> MpsLimits:
-    """The MPS limits a device's allocated capacity maps to: `memory` as its pinned-memory limit,
-    `replicas` r of the device's N as r/N of the threads (at least 1%)."""
-    memory = consumed.get("memory")
-    replicas = consumed.get(REPLICAS_CAPACITY)
-    threads = None
-    if replicas is not None and device.replicas > 1:
-        threads = min(100, max(1, 100 * replicas // device.replicas))
-    mib = max(1, memory // MIB) if memory else None
-    return MpsLimits(active_thread_percentage=threads, pinned_memory_limit_mib=mib)
 
 
 def with_consumed(sharing: Mapping[str, DeviceSharing], devices: Mapping[str, DraDevice],
@@ -175,12 +139,15 @@ class NodeSharing:
             else:
                 meta = claim.get("metadata") or {}
                 self.log.warning("Claim %s/%s: %s", meta.get("namespace"), meta.get("name"), message)
+        consumed = with_offered(claimed, consumed_capacity(claim, self.driver))
         try:
             sharing = device_sharing(claim, self.driver, devices, default=node_default)
-            sharing = with_consumed(sharing, devices, consumed_capacity(claim, self.driver))
-            return claim_share(claimed, sharing)
+            sharing = with_consumed(sharing, devices, consumed)
+            share = claim_share(claimed, sharing)
         except SharingProblem as err:
             raise ClaimProblem(f"invalid sharing config: {err}", INVALID_CONFIG) from None
+        check_strict(claim, claimed, sharing, consumed, share)
+        return share
 
     def apply(self, claim_uid: str, share: ClaimShare) -> ContainerEdits:
         """Set the claim's intervals and join its MPS daemon; the edits its containers get.
