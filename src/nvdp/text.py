@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 SHOWN = 4
 
@@ -17,3 +17,11 @@ def short_list(items: Iterable[str], limit: int = SHOWN, total: int | None = Non
     shown = ", ".join(listed[:limit])
     rest = (len(listed) if total is None else total) - min(limit, len(listed))
     return f"{shown} and {rest} more" if rest > 0 else shown
+
+
+def columns(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A table's lines: left-aligned columns two spaces apart under an upper-case header, no trailing
+    spaces."""
+    cells = [tuple(header), *(tuple(row) for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]

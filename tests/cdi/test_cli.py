@@ -14,10 +14,14 @@ from nvdp.daemon.inputs import load_config as plugin_load_config
 from nvdp.plugin.main import build_parser as plugin_parser
 
 
-def cli_config(*argv: str) -> Config:
+def cli_load(*argv: str) -> tuple[Config, str | None]:
     parser = argparse.ArgumentParser(prog="nvdp")
     cli.register(parser.add_subparsers())
     return cli.load(parser.parse_args(["cdi", "generate", *argv]), {})
+
+
+def cli_config(*argv: str) -> Config:
+    return cli_load(*argv)[0]
 
 
 def plugin_config(*argv: str) -> Config:
@@ -46,6 +50,17 @@ def test_on_a_host_the_driver_root_is_where_the_files_are_read(tmp_path: Path) -
     assert config.flags.nvidia_driver_root == str(tmp_path)
     assert config.flags.plugin.container_driver_root == str(tmp_path)
     assert config == plugin_config("--driver-root", str(tmp_path), "--container-driver-root", str(tmp_path))
+
+
+def test_on_a_host_the_device_nodes_are_read_under_the_dev_root(tmp_path: Path) -> None:
+    """As nvidia-ctk reads them: under --dev-root when given (else by the plugin's rule: the driver
+    root's dev/, else /); in the plugin's pod always by the plugin's rule."""
+    assert cli_load("--driver-root", str(tmp_path), "--dev-root", "/host-dev")[1] == "/host-dev"
+    assert cli_load("--driver-root", str(tmp_path))[1] is None
+    mount = tmp_path / "driver-root"
+    mount.mkdir()
+    assert cli_load("--driver-root", "/run/nvidia/driver", "--container-driver-root", str(mount),
+                    "--dev-root", "/host-dev")[1] is None
 
 
 def test_a_container_driver_root_that_exists_applies_as_in_the_plugin_pod(tmp_path: Path) -> None:

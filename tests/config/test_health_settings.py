@@ -15,7 +15,7 @@ import yaml
 from nvdp.config import durations
 from nvdp.config.document import config_to_document
 from nvdp.config.durations import RECOVERY_AFTER_FORMS, parse_duration, recovery_after_seconds
-from nvdp.config.flags import add_config_arguments, overrides_from_args
+from nvdp.config.flags import add_config_arguments, env_name, overrides_from_args
 from nvdp.config.loader import ConfigError, load_config_text
 from nvdp.config.model import Config, PluginFlags
 from nvdp.config.quickcheck import verdict
@@ -234,12 +234,14 @@ def test_gpu_feature_discovery_reads_the_state_dir() -> None:
 
 
 def test_flags_help_names_the_variables() -> None:
+    """Each flag's help names its variable, or the variable is the one nvdp.config.flags.ENV_RULE (the
+    daemons' descriptions) names: the flag in capitals."""
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
-    text = parser.format_help()
-    for flag, env in (
-        ("--health-recovery-after", "HEALTH_RECOVERY_AFTER"),
-        ("--health-flap-limit", "HEALTH_FLAP_LIMIT"),
-        ("--health-state-dir", "HEALTH_STATE_DIR"),
-    ):
-        assert flag in text and env in text
+    helps = {a.option_strings[0]: a.help or "" for a in parser._actions if a.option_strings}
+    for flag, path in FLAG_PATHS.items():
+        variables = [name for name, at in ENV_VARS.items() if at == path]
+        assert env_name(flag) in variables or any(f"env {v}" in helps[flag] for v in variables), flag
+    for flag in ("--health-recovery-after", "--health-flap-limit", "--health-state-dir"):
+        assert ENV_VARS[env_name(flag)] == FLAG_PATHS[flag]
+    assert env_name("--driver-root") not in ENV_VARS and "env NVIDIA_DRIVER_ROOT" in helps["--driver-root"]

@@ -1,4 +1,5 @@
-"""`nvdp dra slices`: JSON ResourceSlices for a node profile; bad input is one line and exit status 2."""
+"""`nvdp dra slices`: the ResourceSlices of a node profile (a table, or -o json); bad input is one line and
+exit status 2."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from nvdp.inventory.profile import load_profile
 from sim.nvml import PROFILES_DIR
 
 
-def run(*argv: str) -> tuple[int, str, str]:
+def run(*argv: str, output: str = "json") -> tuple[int, str, str]:
+    """`nvdp dra slices ARGV -o OUTPUT`."""
+    argv = (*argv, "-o", output)
     parser = argparse.ArgumentParser(prog="nvdp")
     cli.add_parser(parser.add_subparsers())
     args = parser.parse_args(["dra", "slices", *argv])
@@ -180,3 +183,14 @@ def test_the_preview_is_what_the_plugin_publishes(default_mode: str, monkeypatch
             compared += 1
     assert compared + refused == len(PROFILES) * (len(VALID_CONFIGS) + 1)
     assert compared > refused
+
+
+def test_the_preview_shows_each_gpus_numa_node_as_the_plugin_publishes_it() -> None:
+    # KEP-6072's standard attribute, from the GPU's PCI device in sysfs (the profile's numa_node): what a
+    # claim's matchAttribute aligns a GPU and another driver's device by (docs/dra.md, "NUMA node").
+    code, out, _ = run("--node", "mixed-4")
+    assert code == 0
+    (obj,) = json.loads(out)
+    numa = {d["name"]: d["attributes"]["resource.kubernetes.io/numaNode"] for d in obj["spec"]["devices"]}
+    assert numa == {"gpu-0": {"int": 0}, "gpu-1": {"int": 0}, "gpu-2": {"int": 1}, "gpu-3": {"int": 1}}
+    kubernetes_validate.validate(obj, "1.36", strict=True)

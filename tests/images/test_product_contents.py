@@ -14,6 +14,8 @@ from pathlib import Path
 import kit_images
 import pytest
 
+from sim.nvml import list_profiles
+
 pytestmark = pytest.mark.slow  # starts processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +71,8 @@ def test_entry_points_are_the_products_commands(wheel: Path) -> None:
     names = set(wheel_names(wheel))
     for script, target in scripts.items():
         module = target.split(":")[0]
-        assert f"{module.replace('.', '/')}.py" in names, f"{script} -> {target}: not a module of the wheel"
+        path = module.replace(".", "/")
+        assert {f"{path}.py", f"{path}/__init__.py"} & names, f"{script} -> {target}: not a module of the wheel"
         assert not set(module.split(".")) & TOOL_MODULES, f"{script} runs a test tool ({target})"
 
 
@@ -106,7 +109,7 @@ BASES: list[str] = []  # the root filesystems python-base.sh was run for
 
 
 def kit_build(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, wheel: Path, stand_ins: str | None
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, wheel: Path, stand_ins: bool
 ) -> dict[str, list[str]]:
     """Run scripts/kit_images.py's build with the kit's two scripts replaced: the base unpacks the wheel
     into the root filesystem, the packer records what the root filesystem holds. Files by image name.
@@ -151,7 +154,7 @@ def tool_files(files: list[str]) -> list[str]:
 def test_kit_release_images_hold_the_wheel_alone(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, wheel: Path
 ) -> None:
-    images = kit_build(monkeypatch, tmp_path, wheel, stand_ins=None)
+    images = kit_build(monkeypatch, tmp_path, wheel, stand_ins=False)
     assert set(images) == set(kit_images.IMAGES)
     for name, files in images.items():
         assert "opt/venv/lib/python3/site-packages/nvdp/plugin/main.py" in files, name
@@ -162,24 +165,28 @@ def test_kit_release_images_hold_the_wheel_alone(
 def test_kit_stand_in_images_add_the_stand_ins_and_no_kubelet(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, wheel: Path
 ) -> None:
-    images = kit_build(monkeypatch, tmp_path, wheel, stand_ins="t4")
+    images = kit_build(monkeypatch, tmp_path, wheel, stand_ins=True)
     for name, files in images.items():
         found = tool_files(files)
         assert "opt/nvml-sim/libnvidia-ml.so.1" in found, name
         assert "usr/local/bin/nvidia-cuda-mps-control" in found, name
+        # Every node profile, where the chart's unsupported.simulatedGpus points (kit_images.profile_env).
+        for profile in list_profiles():
+            assert kit_images.profile_env(profile)["NVML_SIM_PROFILE"].lstrip("/") in found, (name, profile)
+            sysfs = kit_images.profile_env(profile)["NVDP_SYSFS_ROOT"].lstrip("/")
+            assert [f for f in found if f.startswith(f"{sysfs}/")], (name, profile)
         assert not [f for f in files if "kubelet" in f and "nvdp/" not in f], name
 
 
 @pytest.mark.slow
-def test_the_base_is_installed_once_for_both_images_and_every_profile(
+def test_the_base_is_installed_once_for_both_images_with_and_without_stand_ins(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, wheel: Path
 ) -> None:
     BASES.clear()
-    with_stand_ins = kit_build(monkeypatch, tmp_path, wheel, stand_ins="t4")
-    other_profile = kit_build(monkeypatch, tmp_path, wheel, stand_ins="mixed-4")
-    release = kit_build(monkeypatch, tmp_path, wheel, stand_ins=None)
-    assert len(BASES) == 1, BASES  # then copied: 3 builds of 2 images
-    assert all(tool_files(files) for files in (*with_stand_ins.values(), *other_profile.values()))
+    with_stand_ins = kit_build(monkeypatch, tmp_path, wheel, stand_ins=True)
+    release = kit_build(monkeypatch, tmp_path, wheel, stand_ins=False)
+    assert len(BASES) == 1, BASES  # then copied: 2 builds of 2 images
+    assert all(tool_files(files) for files in with_stand_ins.values())
     # The copy the stand-ins went into is not the cached base: the release images stay without them.
     for name, files in release.items():
         assert tool_files(files) == [], name

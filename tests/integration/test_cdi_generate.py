@@ -148,14 +148,30 @@ def test_on_a_host_the_files_are_read_where_the_driver_root_points(t4: tuple[Nod
     _node, cdi = t4
     root = str(cdi.driver_root)
     env = {**host_env(t4), "NVDP_HOST_HOOK_DIR": str(cdi.hook_dir)}
-    done = generate(env, "--driver-root", root, "--dev-root", "/")
+    done = generate(env, "--driver-root", root, "--dev-root", root)
     assert done.returncode == 0, done.stderr
     assert f'"hostPath":"{root}/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"' in done.stdout
-    assert '"hostPath":"/dev/nvidia0"' in done.stdout
+    assert f'"hostPath":"{root}/dev/nvidia0"' in done.stdout
     hook = str(cdi.hook_dir / "nvidia-ctk")
-    flagged = generate(host_env(t4), "--driver-root", root, "--dev-root", "/", "--nvidia-cdi-hook-path", hook)
+    flagged = generate(host_env(t4), "--driver-root", root, "--nvidia-cdi-hook-path", hook)
     assert flagged.returncode == 0, flagged.stderr
     assert f'"path":"{hook}"' in flagged.stdout
+
+
+def test_on_a_host_the_device_nodes_are_read_under_the_dev_root(t4: tuple[NodeSim, CdiNode],
+                                                               tmp_path: Path) -> None:
+    """`--dev-root D` as nvidia-ctk reads it: the device nodes under D/dev, not under the driver root
+    nor this machine's /dev, and the spec names them there."""
+    _node, cdi = t4
+    root, dev_root = str(cdi.driver_root), tmp_path / "host-dev-root"
+    dev_root.mkdir()
+    (cdi.driver_root / "dev").rename(dev_root / "dev")
+    env = {**host_env(t4), "NVDP_HOST_HOOK_DIR": str(cdi.hook_dir)}
+    done = generate(env, "--driver-root", root, "--dev-root", str(dev_root))
+    assert done.returncode == 0, done.stderr
+    assert f'"hostPath":"{dev_root}/dev/nvidia0"' in done.stdout
+    assert f'"hostPath":"{dev_root}/dev/nvidiactl"' in done.stdout
+    assert "no /dev/nvidiactl under the dev root" not in done.stderr
 
 
 def test_the_plugin_writes_what_the_command_prints_for_the_same_settings(
@@ -164,7 +180,7 @@ def test_the_plugin_writes_what_the_command_prints_for_the_same_settings(
     driver root at its container driver root; here both read it where it is)."""
     node, cdi = t4
     root, hook = str(cdi.driver_root), str(cdi.hook_dir / "nvidia-ctk")
-    settings = ["--driver-root", root, "--dev-root", "/", "--nvidia-cdi-hook-path", hook,
+    settings = ["--driver-root", root, "--dev-root", root, "--nvidia-cdi-hook-path", hook,
                 *(part for flag, value in HOST_SETTINGS.items() for part in (flag, value))]
     plugin = make_bare_plugin(**node.env, DEVICE_LIST_STRATEGY="cdi-cri", NVDP_CDI_DIR=str(cdi.cdi_dir))
     plugin.start(*settings, "--container-driver-root", root)

@@ -202,7 +202,8 @@ def test_text_output_numbers_checks_and_prints_fixes(tmp_path: Path, plugin_dir:
     }
     env.pop("LD_LIBRARY_PATH", None)
     done = subprocess.run(
-        [sys.executable, "-m", "nvdp.cli", "doctor", "--context=container"],
+        [sys.executable, "-m", "nvdp.cli", "doctor", "--context=container",
+         f"--sysfs-root={tmp_path / 'sys'}"],
         env=env,
         capture_output=True,
         text=True,
@@ -214,6 +215,30 @@ def test_text_output_numbers_checks_and_prints_fixes(tmp_path: Path, plugin_dir:
     assert lines[0].startswith("1. [FAIL] NVML loads: NVML is not available (ERROR_LIBRARY_NOT_FOUND)")
     assert lines[1].startswith("   fix: run the plugin with the NVIDIA container runtime")
     assert lines[-1].endswith("check(s) failed")
+
+
+@pytest.mark.parametrize("context", ["container", "host"])
+def test_a_machine_without_a_gpu_is_told_so_once(tmp_path: Path, plugin_dir: Path, context: str) -> None:
+    """No NVIDIA GPU on the PCI bus and no driver: one FAIL says so, with its own fix; nothing blames the
+    container runtime, and no message is repeated."""
+    (tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:00:02.0").mkdir(parents=True)
+    (tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:00:02.0" / "vendor").write_text("0x8086\n")
+    env = {**clean_env(), "DEVICE_PLUGIN_PATH": str(plugin_dir),
+           "DRIVER_ROOT_CTR_PATH": str(tmp_path / "none")}
+    env.pop("LD_LIBRARY_PATH", None)
+    code, report = doctor(env, f"--context={context}", f"--sysfs-root={tmp_path / 'sys'}")
+    checks = by_check(report)
+    assert code == 1
+    assert checks["nvml"]["status"] == "FAIL"
+    assert checks["nvml"]["detail"] == (
+        "NVML is not available (ERROR_LIBRARY_NOT_FOUND): this machine has no NVIDIA GPU (none on its PCI "
+        "bus), so no NVIDIA driver either")
+    assert checks["nvml"]["fix"].startswith("run `nvdp doctor` on a GPU node")
+    assert {checks[c]["status"] for c in ("driver", "gpus", "runtime")} == {"SKIP"}
+    text = json.dumps(report)
+    assert "runtimeClassName" not in text and "container runtime did not" not in text
+    details = [c["detail"] for c in report["checks"]]
+    assert len(set(details)) == len(details) and max(len(d) for d in details) < 200
 
 
 def test_host_runtime_check_reads_the_runtime_configs(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ def run_slices(*argv: str) -> tuple[int, str, str]:
     parser = argparse.ArgumentParser(prog="nvdp")
     cli.add_parser(parser.add_subparsers())
     out, err = io.StringIO(), io.StringIO()
-    code = cli.run(parser.parse_args(["dra", "slices", *argv]), out, err)
+    code = cli.run(parser.parse_args(["dra", "slices", *argv, "-o", "json"]), out, err)
     return code, out.getvalue(), err.getvalue()
 
 

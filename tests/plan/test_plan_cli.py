@@ -1,4 +1,4 @@
-"""`nvdp plan`: the table, --json, and exit 2 with a one-line error for bad input."""
+"""`nvdp plan`: the table, -o json|yaml, and exit 2 with a one-line error for bad input."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import yaml
 from plan_factories import gpu_uuid, mig_uuid
 
-from nvdp.plan import cli
+from nvdp.cli import plan as cli
+from nvdp.inventory.profile import resolve_profile
 
 
 def profile_doc(
@@ -137,7 +138,8 @@ def test_missing_profile_exits_2(tmp_path: Path) -> None:
     code, out, err = run("--node", str(tmp_path / "nope.yaml"))
     assert (code, out) == (2, "")
     missing = tmp_path / "nope.yaml"
-    assert err == f"nvdp plan: error: node profile {missing}: cannot read it: No such file or directory\n"
+    assert err == (f"nvdp plan: error: --node: no node profile '{missing}'; give a profile file or the name "
+                   "of one in sim/profiles (e.g. t4, a100-sxm-8, h100-mig-8)\n")
 
 
 def test_invalid_profile_exits_2(tmp_path: Path) -> None:
@@ -145,8 +147,8 @@ def test_invalid_profile_exits_2(tmp_path: Path) -> None:
     code, _, err = run("--node", str(path))
     assert code == 2
     assert err == (
-        f'nvdp plan: error: node profile {path}: cuda_driver_version: expected "major.minor" like '
-        "\"12.4\", got '12'\n"
+        f'nvdp plan: error: --node: node profile {path}: cuda_driver_version: expected "major.minor" like '
+        "\"12.4\", got '12'; correct the profile\n"
     )
 
 
@@ -154,12 +156,12 @@ def test_profile_name_resolves_under_sim_profiles(tmp_path: Path, monkeypatch: p
     (tmp_path / "sim" / "profiles").mkdir(parents=True)
     write_profile(tmp_path / "sim" / "profiles", profile_doc(gpus=3), "three-t4.yaml")
     monkeypatch.chdir(tmp_path)
-    assert cli.resolve_profile("three-t4") == tmp_path / "sim" / "profiles" / "three-t4.yaml"
+    assert resolve_profile("three-t4") == tmp_path / "sim" / "profiles" / "three-t4.yaml"
     code, out, _ = run("--node", "three-t4")
     assert code == 0
     assert "nvidia.com/gpu  3      3        0-2 Tesla T4  none" in out.splitlines()
 
 
 def test_resolve_profile_keeps_paths_as_given() -> None:
-    assert cli.resolve_profile("some/dir/t4") == Path("some/dir/t4")
-    assert cli.resolve_profile("t4.yaml") == Path("t4.yaml")
+    assert resolve_profile("some/dir/t4") == Path("some/dir/t4")
+    assert resolve_profile("t4.yaml") == Path("t4.yaml")

@@ -35,13 +35,14 @@ def cdi_enabled(config: Config) -> bool:
     return bool(config.flags.plugin.cdi_strategies)
 
 
-def generate(config: Config, inventory: Inventory, plan: Plan) -> SpecSet:
+def generate(config: Config, inventory: Inventory, plan: Plan, *, dev_root: str | None = None) -> SpecSet:
     """This node's specs: its files and nodes read now, then built for `inventory` and `plan`. What
-    discovery left out and why is logged as warnings (logger `nvdp.cdi`)."""
+    discovery left out and why is logged as warnings (logger `nvdp.cdi`). `dev_root`: where the device
+    nodes are read when not by the plugin's rule (`nvdp cdi generate` on a host: under --dev-root)."""
     from nvdp.cdi.build import build_specs
     from nvdp.cdi.host import discover_host  # the filesystem edge, loaded only where CDI is on
 
-    facts = discover_host(config, inventory)
+    facts = discover_host(config, inventory, dev_root=dev_root)
     for warning in facts.warnings:
         logging.getLogger(__name__).warning("CDI: %s", warning)
     return build_specs(config, inventory, plan, facts)

@@ -3,14 +3,16 @@
 It goes the plugin's way: the config from `--config` (else CONFIG_FILE), the environment and the
 plugin's CDI flags (loaded as the plugin loads them), the GPUs through NVML, the plan, then
 `nvdp.cdi.generate`. Run it in the plugin pod (`kubectl exec <pod> -- nvdp cdi
-generate`) to see what the plugin writes, or on a host as `nvidia-ctk cdi generate --driver-root R`
-is run: where the container driver root (/driver-root in the plugin's pod) does not exist, the
-driver's files and NVML are read where `--driver-root` points.
+generate`) to see what the plugin writes, or on a host as `nvidia-ctk cdi generate --driver-root R
+--dev-root D` is run: where the container driver root (/driver-root in the plugin's pod) does not
+exist, the driver's files and NVML are read where `--driver-root` points, and the device nodes under
+`--dev-root` (when given).
 
 `--output -` (the default) prints each spec as compact JSON, one per line (the `gpu` spec first);
 `--output DIR` writes them into a directory as the plugin does (its file names, atomically, 0644);
-`--output FILE` writes the one spec there is to FILE, atomically. Every error is one line naming the
-cause and the fix, exit status 1; usage errors exit 2.
+`--output FILE` writes the one spec there is to FILE, atomically. What was written, or left as it was,
+is said on stderr. Every error is one line naming the cause and the fix, exit status 1; usage errors
+exit 2.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nvdp.config.flags import add_config_flag
+from nvdp.config.flags import add_config_flag, add_config_option
 
 if TYPE_CHECKING:
     from nvdp.cdi.build import SpecSet
@@ -49,14 +51,15 @@ def register(sub: Any) -> None:
         description="Generate the CDI specs the plugin writes with a CDI device list strategy, from this "
         "node's GPUs (NVML) and driver files, under the config and environment the plugin would use.",
     )
-    generate.add_argument("--config", metavar="FILE", help="plugin config file (default: $CONFIG_FILE, "
-                          "else the built-in defaults)")
+    add_config_option(generate, "the plugin's config file (default: env CONFIG_FILE, else the built-in "
+                      "defaults)")
     roots = generate.add_argument_group("the plugin's CDI settings (flag > environment > config file)")
     add_config_flag(roots, "--driver-root", metavar="DIR", help_text="host path of the driver root, "
                     "written into the spec (flags.nvidiaDriverRoot, env NVIDIA_DRIVER_ROOT); on a host, "
                     "also where the driver's files are read (as nvidia-ctk reads them)")
-    add_config_flag(roots, "--dev-root", metavar="DIR", help_text="host path of the /dev root "
-                    "(flags.nvidiaDevRoot, env NVIDIA_DEV_ROOT; default: the driver root)")
+    add_config_flag(roots, "--dev-root", metavar="DIR", help_text="host root of dev/nvidia*, written into "
+                    "the spec (flags.nvidiaDevRoot, env NVIDIA_DEV_ROOT; default: the driver root); on a "
+                    "host, also where the device nodes are read (as nvidia-ctk reads them)")
     add_config_flag(roots, "--driver-root-ctr-path", first="--container-driver-root", metavar="DIR",
                     help_text="where the driver root is seen here (flags.plugin.containerDriverRoot, env "
                     "DRIVER_ROOT_CTR_PATH; default /driver-root, the plugin pod's mount; where that does "
@@ -100,18 +103,20 @@ def generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def load(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
-    """The config as the plugin loads it: the file, the environment, and the plugin's flags given. On a
-    host (no container driver root there), the container driver root is the driver root: the files
-    and NVML are read where the spec says they are."""
+def load(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Config, str | None]:
+    """The config as the plugin loads it: the file, the environment, and the plugin's flags given; and
+    where the device nodes are read when not by the plugin's rule. On a host (no container driver
+    root there), the container driver root is the driver root and the device nodes are read under the
+    dev root given (flags.nvidiaDevRoot), as nvidia-ctk reads them: the files and nodes are read where
+    the spec says they are."""
     from nvdp.config.flags import overrides_from_args
     from nvdp.config.loader import ConfigError, load_config
     from nvdp.config.sources import CONFIG_FILE_ENV
 
-    path = args.config or env.get(CONFIG_FILE_ENV) or None
-    if args.config and not Path(args.config).is_file():
-        raise GenerateError(f"--config {args.config}: no such file; pass the plugin's config file (in the "
-                            "plugin pod the file CONFIG_FILE names, or /available-configs/<entry>)")
+    path = args.config_file or env.get(CONFIG_FILE_ENV) or None
+    if args.config_file and not Path(args.config_file).is_file():
+        raise GenerateError(f"--config {args.config_file}: no such file; pass the plugin's config file (in "
+                            "the plugin pod the file CONFIG_FILE names, or /available-configs/<entry>)")
     if path is None and env.get("CONFIG_DIR"):
         raise GenerateError(
             f"CONFIG_DIR is set ({env['CONFIG_DIR']}): the plugin chooses an entry there by the node's "
@@ -120,13 +125,14 @@ def load(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
         )
     overrides = overrides_from_args(args)
     try:
-        config = load_config(path, env, overrides)
+        config = load_config(path, env, overrides, path_flag="--config")
         host_root = _host_driver_root(config)
         if host_root is not None:
-            config = load_config(path, env, {**overrides, "flags.plugin.containerDriverRoot": host_root})
+            config = load_config(path, env, {**overrides, "flags.plugin.containerDriverRoot": host_root},
+                                 path_flag="--config")
     except ConfigError as err:
         raise GenerateError(" ".join(str(err).split())) from None
-    return config
+    return config, (config.flags.nvidia_dev_root or None) if host_root is not None else None
 
 
 def _host_driver_root(config: Config) -> str | None:
@@ -147,7 +153,7 @@ def generate_specs(args: argparse.Namespace, env: Mapping[str, str]) -> SpecSet:
     from nvdp.inventory.nvml import NvmlUnavailable, discover
     from nvdp.plan import PlanError, plan
 
-    config = load(args, env)
+    config, dev_root = load(args, env)
     _warn_unknown_feature_flags(config)
     flags = config.flags
     try:
@@ -159,7 +165,7 @@ def generate_specs(args: argparse.Namespace, env: Mapping[str, str]) -> SpecSet:
     except PlanError as err:
         raise GenerateError(f"the configuration cannot be applied to this node's GPUs: {err}") from None
     try:
-        return generate(config, inventory, planned)
+        return generate(config, inventory, planned, dev_root=dev_root)
     except CdiError as err:
         raise GenerateError(" ".join(str(err).split())) from None
 
@@ -212,6 +218,7 @@ def _write_file(data: bytes, path: str) -> None:
     from nvdp.cdi.write import write_file
 
     try:
-        write_file(data, path)
+        written = write_file(data, path)
     except CdiError as err:
         raise GenerateError(" ".join(str(err).split())) from None
+    print(f"{'written' if written else 'unchanged'}: {path}", file=sys.stderr)

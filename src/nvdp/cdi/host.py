@@ -45,16 +45,19 @@ FIX_DRIVER_ROOT = (
 )
 
 
-def resolve_roots(config: Config) -> Roots:
+def resolve_roots(config: Config, dev_root: str | None = None) -> Roots:
     """The four roots by NVIDIA's rules; the container driver root falls back to / when it is absent
-    (the driver then comes into the plugin's own / through the container runtime)."""
+    (the driver then comes into the plugin's own / through the container runtime). `dev_root`: where
+    the device nodes are read, when not by the plugin's rule (the driver root's dev/, else /): on a
+    host, nvidia-ctk reads them under its --dev-root."""
     configured = config.flags.plugin.container_driver_root or "/"
     driver_root = configured
     if not os.path.exists(configured):
         driver_root = "/"
     elif not os.path.isdir(configured):
         raise CdiError(f"the container driver root {configured} is not a folder; {FIX_DRIVER_ROOT}")
-    dev_root = driver_root if os.path.isdir(posixpath.join(driver_root, "dev")) else "/"
+    if dev_root is None:
+        dev_root = driver_root if os.path.isdir(posixpath.join(driver_root, "dev")) else "/"
     return Roots(
         driver_root=driver_root,
         target_driver_root=config.flags.nvidia_driver_root or "/",
@@ -104,17 +107,18 @@ def check_hook(config: Config, roots: Roots, environ: Mapping[str, str]) -> None
 
 
 def discover_host(config: Config, inventory: Inventory, *, sysfs_root: str | None = None,
-                  proc_root: str | None = None, environ: Mapping[str, str] | None = None) -> HostFacts:
+                  proc_root: str | None = None, environ: Mapping[str, str] | None = None,
+                  dev_root: str | None = None) -> HostFacts:
     """Everything the specs need from this node, for the GPUs of `inventory`.
 
     `sysfs_root` and `proc_root` let tests point at a tree of their own (default: $NVDP_SYSFS_ROOT or
     /sys, and $NVDP_PROC_ROOT or /proc: the stand-in node's MIG capability files); `environ` defaults
-    to the process's.
+    to the process's; `dev_root`: see `resolve_roots`.
     """
     env = os.environ if environ is None else environ
     sysfs = sysfs_root if sysfs_root is not None else env.get(SYSFS_ROOT_ENV, "/sys")
     proc_root = proc_root if proc_root is not None else env.get(PROC_ROOT_ENV, "/proc")
-    roots = resolve_roots(config)
+    roots = resolve_roots(config, dev_root)
     tree = Tree(roots.driver_root)
     target = roots.target_driver_root
     version = inventory.driver_version or driverfiles.version_from_files(tree)

@@ -1,8 +1,9 @@
-"""`nvdp config validate FILE` and `nvdp config show [FILE]`."""
+"""`nvdp config validate --config FILE` and `nvdp config show [--config FILE]` (FILE alone: the same)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,10 +11,11 @@ from typing import Any
 import yaml
 
 from nvdp.config.document import config_to_document
-from nvdp.config.flags import add_config_arguments, overrides_from_args
+from nvdp.config.flags import CONFIG_FLAG, add_config_arguments, add_config_option, overrides_from_args
 from nvdp.config.issues import ConfigError
 from nvdp.config.loader import load_config
 from nvdp.config.model import Config, ReplicatedResources
+from nvdp.config.sources import CONFIG_FILE_ENV
 
 EXIT_INVALID = 2
 
@@ -29,7 +31,9 @@ def register(sub: Any) -> None:
         description="Check a config file on its own (environment variables are not applied). "
         "Exit 0 if valid, 2 with every problem listed if not.",
     )
-    validate.add_argument("file", help="config file (YAML or JSON)")
+    add_config_option(validate, "the config file (YAML or JSON; default: env CONFIG_FILE); FILE alone does "
+                      "the same")
+    validate.add_argument("file", nargs="?", metavar="FILE", help=argparse.SUPPRESS)
     validate.set_defaults(handler=validate_command)
 
     show = commands.add_parser(
@@ -38,53 +42,82 @@ def register(sub: Any) -> None:
         description="Print the configuration the plugin would run with, after environment variables "
         "and flags, as YAML with every value explicit. Exit 2 with every problem listed if invalid.",
     )
-    show.add_argument("file", nargs="?", help="config file (default: --config-file, env CONFIG_FILE, none)")
-    add_config_arguments(show)
+    show.add_argument("file", nargs="?", metavar="FILE", help=argparse.SUPPRESS)
     node = show.add_argument_group(
-        "per-node config: which entry a node gets (--node with --configmap or --config-dir)")
-    node.add_argument("--node", metavar="NAME", help="read this Kubernetes node's labels (uses KUBECONFIG "
-                      "or --kubeconfig) and show the entry it gets and that config")
+        "per-node config", "Which entry a node gets: --node with --configmap or --config-dir.")
+    node.add_argument("--node", metavar="NAME", help="read this node's labels (KUBECONFIG or --kubeconfig) "
+                      "and show the entry it gets and that config")
     node.add_argument("--configmap", metavar="NAMESPACE/NAME", help="the ConfigMap holding the entries "
                       "(the chart's <release>-configs, or config.name)")
     node.add_argument("--config-dir", metavar="DIR", help="the entries as files instead of --configmap")
     node.add_argument("--default-config", metavar="ENTRY", help="the chart's config.default")
     node.add_argument("--fallback-strategies", metavar="LIST", default="named,single",
-                      help="the chart's config.fallbackStrategies, comma-separated (default named,single)")
-    node.add_argument("--node-label", metavar="KEY", default="nvidia.com/device-plugin.config")
+                      help="the chart's config.fallbackStrategies (default %(default)s)")
+    node.add_argument("--node-label", metavar="KEY", default="nvidia.com/device-plugin.config",
+                      help="the label naming the entry (default %(default)s)")
     node.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: KUBECONFIG, ~/.kube/config)")
+    add_config_arguments(show, file_flag=CONFIG_FLAG, listed=False)
     show.set_defaults(handler=show_command)
+
+
+def given_file(args: argparse.Namespace, command: str) -> str | None:
+    """The config file of `nvdp config ACTION`: --config (or --config-file), or FILE, the older
+    spelling; raises Usage when both name different files."""
+    if args.file and args.config_file and args.file != args.config_file:
+        raise Usage(f"nvdp config {command}: FILE {args.file} and --config {args.config_file} name two "
+                    "files; give one, as --config FILE")
+    return args.config_file or args.file or None
+
+
+class Usage(Exception):
+    """Arguments that contradict each other; the message says which and what to give."""
 
 
 def validate_command(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.file, env={})
+        path = given_file(args, "validate")
+    except Usage as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_INVALID
+    # In the plugin's pod the chart names the file in CONFIG_FILE.
+    path = path or os.environ.get(CONFIG_FILE_ENV) or None
+    if path is None:
+        print(f"nvdp config validate: name the file to check: --config FILE (or set {CONFIG_FILE_ENV})",
+              file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        config = load_config(path, env={}, path_flag="--config")
     except ConfigError as exc:
-        return _report(exc, args.file)
-    print(f"{args.file}: valid ({summary(config)})")
+        return _report(exc, path)
+    print(f"{path}: valid ({summary(config)})")
     return 0
 
 
 def show_command(args: argparse.Namespace) -> int:
-    if args.node or args.configmap or args.config_dir:
-        return show_node_command(args)
-    path = args.file or args.config_file
     try:
-        config = load_config(path, overrides=overrides_from_args(args))
+        path = given_file(args, "show")
+    except Usage as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_INVALID
+    if args.node or args.configmap or args.config_dir:
+        return show_node_command(args, path)
+    try:
+        config = load_config(path, overrides=overrides_from_args(args), path_flag="--config")
     except ConfigError as exc:
         return _report(exc, path or "configuration")
     sys.stdout.write(yaml.safe_dump(config_to_document(config), sort_keys=False))
     return 0
 
 
-def show_node_command(args: argparse.Namespace) -> int:
+def show_node_command(args: argparse.Namespace, path: str | None) -> int:
     """`nvdp config show --node N (--configmap NS/NAME | --config-dir DIR)`: N's entry and its config."""
     from nvdp.config.entries import list_entries
     from nvdp.config.loader import load_config_text
     from nvdp.config.select import SelectionError, parse_fallbacks, select_entry
 
-    if not args.node or bool(args.configmap) == bool(args.config_dir) or args.file:
+    if not args.node or bool(args.configmap) == bool(args.config_dir) or path:
         print("nvdp config show: --node needs exactly one of --configmap NAMESPACE/NAME or --config-dir DIR "
-              "(and no FILE)", file=sys.stderr)
+              "(and no --config: the entry is the config)", file=sys.stderr)
         return EXIT_INVALID
     try:
         labels, entries = _node_and_entries(args)

@@ -39,17 +39,19 @@ def load_config(
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, object] | None = None,
     env_vars: Mapping[str, str] = ENV_VARS,
+    *,
+    path_flag: str = "--config-file",
 ) -> Config:
     """The effective Config from a file (or env CONFIG_FILE, or none), the environment and flags.
 
     `env=None` reads os.environ; `overrides` are command-line values keyed by dotted config path;
-    `env_vars` maps the environment names the calling program reads to config paths.
-    Raises ConfigError listing every problem found.
+    `env_vars` maps the environment names the calling program reads to config paths; `path_flag` is
+    how the calling program takes `path` (the daemons: --config-file, nvdp's commands: --config), for
+    the message about a file that cannot be read. Raises ConfigError listing every problem found.
     """
     env = os.environ if env is None else env
-    source = CONFIG_FILE_ENV if path is None and env.get(CONFIG_FILE_ENV) else "--config-file"
-    if path is None:
-        path = env.get(CONFIG_FILE_ENV) or None
+    source = CONFIG_FILE_ENV if path is None and env.get(CONFIG_FILE_ENV) else path_flag
+    path = config_file_path(path, env)
     data: bytes | None = None
     if path is not None:
         try:
@@ -59,6 +61,11 @@ def load_config(
             issue = ConfigIssue(path, "", f"cannot read the config file: {exc}", fix=fix)
             raise ConfigError([issue]) from None
     return load_config_text(data, path or "defaults", env, overrides, env_vars)
+
+
+def config_file_path(path: str | None, env: Mapping[str, str]) -> str | None:
+    """The config file read: `path` (--config-file), else env CONFIG_FILE; None: the built-in defaults."""
+    return path if path is not None else env.get(CONFIG_FILE_ENV) or None
 
 
 # A ConfigMap holds at most 1 MiB; a config file is a few KiB.

@@ -182,12 +182,14 @@ class Skeleton:
 
     def _start(self, work: DaemonWork, settings: NodeConfigSettings | None, config_file: str | None,
                on_labels: Callable[[Mapping[str, str]], None] | None) -> int | None:
+        from nvdp.config.loader import config_file_path
         from nvdp.daemon.pernode.mode import ModeGate
         from nvdp.daemon.pernode.nodechoice import NodeConfigRule
 
         try:
             self.node_config = self._follow(settings, config_file, on_labels)
-            self.rule = NodeConfigRule(self.node_config, self.report, self.log)
+            self.rule = NodeConfigRule(self.node_config, self.report, self.log,
+                                       config_file=config_file_path(config_file, self.env))
             self.gate = ModeGate(work.own_mode, work.mode_api(), self.report, self.log,
                                  per_node=self.node_config is not None)
             self.rule.start(work.switch)

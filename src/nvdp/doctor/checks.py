@@ -46,6 +46,14 @@ FIX_NVML_HUNG = (
     "node. With persistence mode off every start initialises the GPUs, which can take long: enable it "
     "(the nvidia-persistenced service, or `nvidia-smi -pm 1`); `--check-timeout` allows more time"
 )
+FIX_NO_GPU = (
+    "run `nvdp doctor` on a GPU node, or in the plugin's pod there (`kubectl exec <plugin pod> -- nvdp "
+    "doctor`); deploy the plugin only to GPU nodes (nodeSelector or node affinity)"
+)
+FIX_NO_DRIVER = (
+    "install the NVIDIA driver on this node (`nvidia-smi` must work), or pass --driver-root where it is "
+    "installed (the GPU Operator's: /run/nvidia/driver)"
+)
 # A check that waits on something itself (NVML, a socket, HTTP) gets this much beyond its own limit.
 GRACE_S = 5.0
 
@@ -79,6 +87,7 @@ class Doctor(KubeletChecks, MpsChecks, CdiChecks, DraChecks):
         self.inventory: Inventory | None = None
         self.nvml_error: str | None = None
         self.plan: Plan | None = None
+        self._bus: tuple[set[str] | None] | None = None  # the PCI bus's NVIDIA GPUs, read once
 
     def run(self) -> list[Finding]:
         """Every check in order, each bounded in time; an error in one is its report line."""
@@ -111,6 +120,8 @@ class Doctor(KubeletChecks, MpsChecks, CdiChecks, DraChecks):
     # --- 1-4: the driver ------------------------------------------------------------------------
 
     def nvml(self) -> Finding:
+        from pynvml import NVML_ERROR_LIBRARY_NOT_FOUND
+
         from nvdp.inventory.library import find_library
         from nvdp.inventory.nvml import NvmlUnavailable, discover
 
@@ -126,6 +137,14 @@ class Doctor(KubeletChecks, MpsChecks, CdiChecks, DraChecks):
         except NvmlUnavailable as err:
             self.nvml_error = str(err)
             detail, fix = _split_fix(str(err))
+            reason = detail.split(":", 1)[0]  # "NVML is not available (ERROR_LIBRARY_NOT_FOUND)"
+            if self.no_gpu_here():  # the NVML error is set above
+                return failed("nvml", title, f"{reason}: this machine has no NVIDIA GPU (none on its PCI "
+                              "bus), so no NVIDIA driver either", FIX_NO_GPU)
+            if self.where.context == "host" and err.code in (None, NVML_ERROR_LIBRARY_NOT_FOUND):
+                return failed("nvml", title, f"{reason}: libnvidia-ml.so.1 was not found under the "
+                              f"driver root {flags.nvidia_driver_root} nor on the library path: the NVIDIA "
+                              "driver is not installed here", FIX_NO_DRIVER)
             return failed("nvml", title, detail, fix or FIX_RUNTIME)
         if isinstance(found, TimedOut):
             self.nvml_error = f"NVML did not answer within {seconds:g} s"
@@ -156,24 +175,19 @@ class Doctor(KubeletChecks, MpsChecks, CdiChecks, DraChecks):
     def driver(self) -> Finding:
         title = "driver and CUDA versions"
         if self.inventory is None:
-            return skipped("driver", title, f"{self.nvml_error or 'NVML did not load'} (see above)")
+            return skipped("driver", title, "NVML did not load (see its check above)")
         inv = self.inventory
         return passed("driver", title, f"driver {inv.driver_version}, CUDA {inv.cuda_driver_version}")
 
     def gpus(self) -> Finding:
         title = "GPUs visible to NVML vs NVIDIA GPUs on the PCI bus"
-        on_bus = self._pci_gpus()
+        on_bus = self.on_bus()
         bus_text = (
             f"{self.where.sysfs} is not readable" if on_bus is None else f"the PCI bus has {len(on_bus)}"
         )
         if self.inventory is None:
-            if on_bus is not None and not on_bus:
-                return failed(
-                    "gpus",
-                    title,
-                    "no NVIDIA GPU on this node's PCI bus and NVML did not load",
-                    "deploy the plugin only to GPU nodes (nodeSelector or node affinity)",
-                )
+            if self.no_gpu_here():
+                return skipped("gpus", title, "no NVIDIA GPU on this machine's PCI bus (see the NVML check)")
             return skipped("gpus", title, f"{bus_text}; NVML did not load")
         seen = {_pci_bus(g.pci_bus_id) for g in self.inventory.gpus}
         lost = [f"GPU {g.index} ({g.uuid or 'UUID unknown'}): {g.reason}" for g in self.inventory.lost]
@@ -193,6 +207,17 @@ class Doctor(KubeletChecks, MpsChecks, CdiChecks, DraChecks):
             )
         return passed("gpus", title, detail)
 
+    def on_bus(self) -> set[str] | None:
+        """The NVIDIA GPUs on the PCI bus (read once); None when sysfs cannot be read."""
+        if self._bus is None:
+            self._bus = (self._pci_gpus(),)
+        return self._bus[0]
+
+    def no_gpu_here(self) -> bool:
+        """NVML did not load on a machine whose PCI bus holds no NVIDIA GPU: nothing of the driver
+        or the container runtime is missing, the GPU is."""
+        return self.inventory is None and self.nvml_error is not None and self.on_bus() == set()
+
     def _pci_gpus(self) -> set[str] | None:
         """Bus IDs of the NVIDIA GPUs in sysfs; None when sysfs cannot be read."""
         found = set()
@@ -209,6 +234,10 @@ class Doctor(KubeletChecks, MpsChecks, CdiChecks, DraChecks):
         return found
 
     def runtime(self) -> Finding:
+        if self.no_gpu_here():
+            return skipped("runtime", "the NVIDIA driver and the container runtime", "no NVIDIA GPU on "
+                           "this machine: nothing for a driver or container runtime to serve (see the NVML "
+                           "check)")
         if self.where.context == "container":
             return self._runtime_in_container()
         return self._runtime_on_host()

@@ -29,7 +29,7 @@ def _seconds(text: str) -> float:
 
 
 def register(sub: Any) -> None:
-    from nvdp.config.flags import add_config_arguments
+    from nvdp.config.flags import CONFIG_FLAG, add_config_arguments
     from nvdp.daemon.pernode.nodeconfig import add_node_config_arguments
 
     parser = sub.add_parser(
@@ -54,8 +54,8 @@ def register(sub: Any) -> None:
         help="how long one check may wait for NVML, the API server or a socket (default %(default)s)",
     )
     parser.add_argument("--sysfs-root", default="/sys", metavar="PATH", help="sysfs to read PCI devices from")
-    add_config_arguments(parser)
     add_node_config_arguments(parser)
+    add_config_arguments(parser, file_flag=CONFIG_FLAG, listed=False)
     parser.set_defaults(handler=doctor_command)
 
 
@@ -126,7 +126,7 @@ def doctor_command(args: argparse.Namespace) -> int:
         if per_node is not None:
             entry, chosen, read = per_node
             path, env = entry_in_force(path, env, Path(entry) if entry else None, per_node=True)
-        config, error = load_config(path, env, overrides_from_args(args)), None
+        config, error = load_config(path, env, overrides_from_args(args), path_flag="--config"), None
     except ConfigError as err:
         config, error = None, str(err)
     except SelectionError as err:

@@ -19,6 +19,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from nvdp import __version__
 from nvdp.config.names import DRA_DRIVER_ENV, node_name
@@ -26,6 +27,10 @@ from nvdp.daemon.podresources import POD_RESOURCES_ENV
 from nvdp.daemon.runloop import EXIT_USAGE
 from nvdp.daemon.skeleton import Events, Skeleton
 from nvdp.dra.pool.names import DEFAULT_DRIVER, check_driver_name
+
+if TYPE_CHECKING:
+    from nvdp.dra.work import DraWork
+    from nvdp.usage.collect import UsageCollector
 
 NAME = "nvidia-dra-plugin"
 DRIVER_ENV = DRA_DRIVER_ENV
@@ -40,42 +45,42 @@ DEFAULT_CDI_ROOT = "/var/run/cdi"
 
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
-    from nvdp.config.flags import add_config_arguments
+    from nvdp.config.flags import ENV_RULE, ScreenHelp, add_config_arguments
     from nvdp.daemon.pernode.nodeconfig import add_node_config_arguments
     from nvdp.daemon.podresources import POD_RESOURCES_SOCKET
     from nvdp.daemon.report import observe
+    from nvdp.usage import add_arguments as add_usage_arguments
 
     env = os.environ if env is None else env
     parser = argparse.ArgumentParser(
+        formatter_class=ScreenHelp,
         prog=NAME,
         description="Publish this node's NVIDIA GPUs as resource.k8s.io/v1 devices and prepare the "
-                    "ResourceClaims allocated to them (a kubelet DRA plugin).",
+                    f"ResourceClaims allocated to them (a kubelet DRA plugin). {ENV_RULE}",
     )
     parser.add_argument("--version", action="version", version=f"{NAME} {__version__}")
-    add_config_arguments(parser)
     observe.add_arguments(parser, env)
+    add_usage_arguments(parser, env)
     add_node_config_arguments(parser)
     group = parser.add_argument_group("DRA")
-    group.add_argument("--driver-name", default=env.get(DRIVER_ENV) or DEFAULT_DRIVER,
+    group.add_argument("--driver-name", default=env.get(DRIVER_ENV) or DEFAULT_DRIVER, metavar="NAME",
                        help=f"the DRA driver name (env {DRIVER_ENV}; default %(default)s)")
     group.add_argument("--kubelet-plugins-dir", default=env.get(PLUGINS_DIR_ENV) or DEFAULT_PLUGINS_DIR,
-                       help=f"the kubelet's plugins folder (env {PLUGINS_DIR_ENV}; default %(default)s)")
+                       metavar="DIR", help="the kubelet's plugins folder (default %(default)s)")
     group.add_argument("--kubelet-registrar-dir",
-                       default=env.get(REGISTRAR_DIR_ENV) or DEFAULT_REGISTRAR_DIR,
-                       help=f"the kubelet's plugin registration folder (env {REGISTRAR_DIR_ENV}; "
-                            "default %(default)s)")
+                       default=env.get(REGISTRAR_DIR_ENV) or DEFAULT_REGISTRAR_DIR, metavar="DIR",
+                       help="the kubelet's plugin registration folder (default %(default)s)")
     group.add_argument("--kubelet-pod-resources-socket",
-                       default=env.get(POD_RESOURCES_ENV) or POD_RESOURCES_SOCKET,
-                       help="the kubelet's pod-resources socket: which containers hold which claims, the "
-                            f"proof a claim gone from the API server is no longer used here (env "
-                            f"{POD_RESOURCES_ENV}; default %(default)s)")
+                       default=env.get(POD_RESOURCES_ENV) or POD_RESOURCES_SOCKET, metavar="PATH",
+                       help="the kubelet's pod-resources socket: which containers hold which claims "
+                            "(default %(default)s)")
     group.add_argument("--instance", default=env.get(INSTANCE_ENV) or "", metavar="UID",
-                       help="name this instance's kubelet sockets after UID (dra-UID.sock, "
-                            "<driver>-UID-reg.sock), so that a new pod serves beside the old one during a "
-                            f"rolling update (kubelet 1.33 or later; env {INSTANCE_ENV}, the pod's UID); "
-                            "empty: dra.sock and <driver>-reg.sock")
-    group.add_argument("--cdi-root", default=env.get(CDI_ROOT_ENV) or DEFAULT_CDI_ROOT,
-                       help=f"where the per-claim CDI specs go (env {CDI_ROOT_ENV}; default %(default)s)")
+                       help="name the kubelet sockets after UID (dra-UID.sock), so that a new pod serves "
+                            f"beside the old one in a rolling update (env {INSTANCE_ENV}, the pod's UID); "
+                            "empty: dra.sock")
+    group.add_argument("--cdi-root", default=env.get(CDI_ROOT_ENV) or DEFAULT_CDI_ROOT, metavar="DIR",
+                       help="where the per-claim CDI specs go (default %(default)s)")
+    add_config_arguments(parser, listed=False)
     return parser
 
 
@@ -107,7 +112,24 @@ def run(args: argparse.Namespace, env: Mapping[str, str], log: logging.Logger) -
     skeleton = Skeleton(NAME, log, env, kubeconfig=args.kubeconfig)
     work = DraWork(skeleton, args)
     return skeleton.run(work, settings=settings_from(args, env), config_file=args.config_file,
-                        events=Events(), serve=lambda: serve_probes(work, args, log), serve_fix=PORT_FIX)
+                        events=Events(), serve=lambda: serve_probes(work, args, log, usage_of(work, args)),
+                        serve_fix=PORT_FIX)
+
+
+def usage_of(work: DraWork, args: argparse.Namespace) -> UsageCollector | None:
+    """With --usage-metrics: the usage of this driver's claims (nvdp.usage), their pods read from the
+    claims' status through the plugin's API client."""
+    if not (args.metrics_address and args.usage_metrics):
+        return None
+    from nvdp.dra.pool.names import device_uuids
+    from nvdp.kube import get_claim
+    from nvdp.usage.collect import DraCounting, UsageCollector, UsageSource
+
+    def read_claim(namespace: str, name: str) -> Mapping[str, Any] | None:
+        return get_claim(work.skeleton.api.client(), namespace, name)
+
+    source = UsageSource(node=work.node, pod_resources_socket=args.kubelet_pod_resources_socket)
+    return UsageCollector(source, dra=DraCounting(work.driver, device_uuids, read_claim), log=work.log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

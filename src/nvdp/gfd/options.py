@@ -54,7 +54,7 @@ _BOOL = {"--fail-on-init-error", "--oneshot", "--no-timestamp", "--use-node-feat
 _ALIASES = {"--output-file": ("-o", "--output"), "--driver-root": ("--nvidia-driver-root",),
             "--driver-root-ctr-path": ("--container-driver-root",)}  # fmt: skip
 _HELP = {
-    "--mig-strategy": "none, single or mixed (env GFD_MIG_STRATEGY, MIG_STRATEGY)",
+    "--mig-strategy": "none, single, mixed or dynamic (env GFD_MIG_STRATEGY, MIG_STRATEGY)",
     "--fail-on-init-error": "exit when NVML cannot be used, else keep retrying (env GFD_FAIL_ON_INIT_ERROR)",
     "--oneshot": "label once and exit (env GFD_ONESHOT)",
     "--no-timestamp": "leave out nvidia.com/gfd.timestamp (env GFD_NO_TIMESTAMP)",
@@ -92,9 +92,13 @@ def _dest(flag: str) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
+    from nvdp.config.flags import ENV_RULE, ScreenHelp
+
     p = argparse.ArgumentParser(
+        formatter_class=ScreenHelp,
         prog="gpu-feature-discovery",
-        description="Label this node with its GPUs' features (NVIDIA's gpu-feature-discovery labels).",
+        description="Label this node with its GPUs' features (NVIDIA's gpu-feature-discovery labels). "
+                    f"{ENV_RULE}",
     )
     p.add_argument("--config-file", help="config file (env GFD_CONFIG_FILE, CONFIG_FILE)")
     for flag, _path in GFD_FLAG_PATHS.items():

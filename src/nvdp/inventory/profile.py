@@ -79,6 +79,24 @@ class ProfileError(ValueError):
     """A node profile that cannot be used; the message names the field and what is expected."""
 
 
+# Profiles shipped in a source checkout, so `--node t4` works without a path.
+CHECKOUT_PROFILES = Path(__file__).resolve().parents[3] / "sim" / "profiles"
+
+
+def resolve_profile(node: str) -> Path:
+    """A path as given if it exists; else a profile name looked up in ./sim/profiles, then in the
+    checkout's sim/profiles."""
+    given = Path(node)
+    if given.exists() or given.suffix or len(given.parts) > 1:
+        return given
+    for folder in (Path.cwd() / "sim" / "profiles", CHECKOUT_PROFILES):
+        for suffix in (".yaml", ".yml", ".json"):
+            candidate = folder / f"{node}{suffix}"
+            if candidate.is_file():
+                return candidate
+    return given
+
+
 def load_profile(path: str | Path) -> Inventory:
     """Read a node profile file (YAML, or JSON for a .json path) into an Inventory."""
     p = Path(path)

@@ -6,6 +6,7 @@ from typing import TypedDict
 
 from nvdp.inventory.model import Inventory
 from nvdp.plan.model import Plan, PlannedDevice, PlannedResource
+from nvdp.text import columns
 
 
 class SummaryRow(TypedDict):
@@ -104,9 +105,5 @@ def plan_to_dict(plan: Plan, inventory: Inventory | None = None) -> dict[str, ob
 
 def render_table(rows: list[SummaryRow]) -> list[str]:
     """Left-aligned columns, two spaces apart, under an upper-case header."""
-    header = ("RESOURCE", "COUNT", "DEVICES", "GPUS", "SHARING")
-    cells = [header] + [
-        (r["resource"], str(r["count"]), str(r["devices"]), r["gpus"], r["sharing"]) for r in rows
-    ]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return columns(("RESOURCE", "COUNT", "DEVICES", "GPUS", "SHARING"), (
+        (r["resource"], str(r["count"]), str(r["devices"]), r["gpus"], r["sharing"]) for r in rows))

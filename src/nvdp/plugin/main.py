@@ -30,17 +30,21 @@ NAME = "nvidia-device-plugin"
 
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
-    from nvdp.config.flags import add_config_arguments
+    from nvdp.config.flags import ENV_RULE, ScreenHelp, add_config_arguments
     from nvdp.daemon.pernode.nodeconfig import add_node_config_arguments
     from nvdp.daemon.report import observe
+    from nvdp.usage import add_arguments as add_usage_arguments
 
     parser = argparse.ArgumentParser(
+        formatter_class=ScreenHelp,
         prog=NAME,
-        description="Advertise this node's NVIDIA GPUs to the kubelet (device-plugin API v1beta1).",
+        description="Advertise this node's NVIDIA GPUs to the kubelet (device-plugin API v1beta1). "
+                    f"{ENV_RULE}",
     )
     parser.add_argument("--version", action="version", version=f"{NAME} {__version__}")
     add_config_arguments(parser)
     observe.add_arguments(parser, os.environ if env is None else env)
+    add_usage_arguments(parser, os.environ if env is None else env)
     add_node_config_arguments(parser)
     return parser
 

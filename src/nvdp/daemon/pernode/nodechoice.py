@@ -63,8 +63,10 @@ class NodeConfigRule:
     """The entry in force and the one rejected last; `start` once, then `again` on each wake-up."""
 
     def __init__(self, node_config: NodeConfig | None, report: Report, log: logging.Logger, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 config_file: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """`config_file`: without per-node config, the one file read (None: the built-in defaults)."""
         self.node_config = node_config
+        self._config_file = config_file
         self._report = report
         self._log = log
         self._clock = clock
@@ -76,7 +78,11 @@ class NodeConfigRule:
         self._pending_tried_at = 0.0
 
     def describe(self) -> str:
-        return self.current.describe() if self.current is not None else "the config file"
+        if self.current is not None:
+            return self.current.describe()
+        if self._config_file:
+            return f"the config file {self._config_file}"
+        return "the built-in defaults (no config file)"
 
     @property
     def entry(self) -> str:

@@ -48,18 +48,16 @@ class NodeConfigSettings(Struct, frozen=True):
 
 
 def add_node_config_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("per-node config (a directory of entries chosen by a node label)")
-    group.add_argument("--config-dir", metavar="DIR",
-                       help="directory of config entries, one file each (env CONFIG_DIR); "
-                            "replaces --config-file")
-    group.add_argument("--default-config", metavar="ENTRY", help="entry used when the node has no label "
-                       "(env DEFAULT_CONFIG, chart config.default)")
-    group.add_argument("--fallback-strategies", metavar="LIST", help="tried in order without label and "
-                       "default: named, single, empty (env FALLBACK_STRATEGIES; default named,single)")
-    group.add_argument("--node-name", metavar="NAME", help="this node (env NODE_NAME)")
-    group.add_argument("--node-label", metavar="KEY", help=f"label naming the entry (env NODE_LABEL; "
-                       f"default {NODE_CONFIG_LABEL})")
-    group.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig outside a cluster (env KUBECONFIG)")
+    group = parser.add_argument_group("per-node config (an entry of a folder chosen by a node label)")
+    # Each reads the variable named as the flag in capitals when not given (nvdp.config.flags.ENV_RULE).
+    group.add_argument("--config-dir", metavar="DIR", help="folder of config entries, one file each")
+    group.add_argument("--default-config", metavar="ENTRY", help="the entry of a node without the label")
+    group.add_argument("--fallback-strategies", metavar="LIST",
+                       help="named, single, empty (default named,single)")
+    group.add_argument("--node-name", metavar="NAME", help="this node")
+    group.add_argument("--node-label", metavar="KEY",
+                       help=f"the label naming the entry ({NODE_CONFIG_LABEL})")
+    group.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig outside a cluster")
 
 
 def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> NodeConfigSettings | None:

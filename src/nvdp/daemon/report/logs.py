@@ -14,6 +14,9 @@ def setup_logging(name: str = "nvidia-device-plugin", *, keep_handlers: bool = F
     `keep_handlers`: leave a root logger that already has handlers as it is (logging.basicConfig), for
     the daemons whose log volume does not call for the cheaper records (the MPS daemon, GFD).
     """
+    # The API client's library logs every request at INFO: one line per watch, list and patch, which
+    # buries the daemon's own lines. Its warnings and errors still show.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if keep_handlers:
         logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
         return logging.getLogger(name)

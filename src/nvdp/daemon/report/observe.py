@@ -20,15 +20,14 @@ PORT_FIX = "choose another port (--metrics-address / --health-address)"
 
 
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    group = parser.add_argument_group("observability (off unless given)")
-    group.add_argument(
+    # Off unless given.
+    parser.add_argument(
         "--metrics-address", default=env.get(METRICS_ADDRESS_ENV) or None, metavar="HOST:PORT",
-        help="serve Prometheus metrics at /metrics, and /healthz and /readyz, e.g. :9445 "
-        f"(env {METRICS_ADDRESS_ENV})",
+        help="serve /metrics, /healthz and /readyz (:9445)",
     )
-    group.add_argument(
+    parser.add_argument(
         "--health-address", default=env.get(HEALTH_ADDRESS_ENV) or None, metavar="HOST:PORT",
-        help=f"serve only /healthz and /readyz, e.g. :9447 (env {HEALTH_ADDRESS_ENV})",
+        help="serve only /healthz and /readyz (:9447)",
     )
 
 
