@@ -17,8 +17,10 @@ from nvdp.cdi.claim import (
     CLAIM_CLASS,
     CLAIM_VENDOR,
     ClaimDevice,
+    RequestFile,
     claim_cdi_ids,
     claim_device_name,
+    claim_file_id,
     claim_spec,
     dra_device_name,
 )
@@ -118,6 +120,22 @@ def test_a_claim_with_two_gpus() -> None:
         "gpu-0": f"k8s.gpu.nvidia.com/claim={UID}-gpu-0",
         "gpu-1": f"k8s.gpu.nvidia.com/claim={UID}-gpu-1",
     }
+
+
+def test_a_requests_metadata_file_is_mounted_read_only_by_a_cdi_device_of_its_own() -> None:
+    # KEP-5304: each request's file at the container path the kubelet's helper uses; the kubelet hands
+    # the file's CDI device to the containers of that request, and it is no DRA device.
+    target = "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/c/gpu/gpu.nvidia.com-metadata.json"
+    files = [RequestFile(request="gpu", host_path=f"/var/lib/kubelet/plugins/gpu.nvidia.com/m/{UID}/gpu",
+                         container_path=target)]
+    spec = claim_spec(config(), INVENTORY, FACTS, UID, [ClaimDevice(name="gpu-0", gpu=GPU0)], files=files)
+    document = as_json(spec)
+    assert [d["name"] for d in document["devices"]] == [f"{UID}-gpu-0", f"{UID}-metadata-gpu"]
+    assert device_edits(document, f"{UID}-metadata-gpu") == {"mounts": [
+        {"hostPath": files[0].host_path, "containerPath": target,
+         "options": ["ro", "nosuid", "nodev", "bind"]}]}
+    assert claim_cdi_ids(spec, UID) == {"gpu-0": f"k8s.gpu.nvidia.com/claim={UID}-gpu-0"}
+    assert claim_file_id(UID, "gpu") == f"k8s.gpu.nvidia.com/claim={UID}-metadata-gpu"
 
 
 def test_a_claim_with_a_gpu_and_a_mig_device() -> None:

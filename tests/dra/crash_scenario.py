@@ -31,6 +31,7 @@ from nvdp.config.loader import load_config
 from nvdp.dra.claims import book
 from nvdp.dra.claims.check import NodeView
 from nvdp.dra.claims.checkpoint import load_checkpoint, read_owned_mig
+from nvdp.dra.claims.identity.metadata import ClaimFile
 from nvdp.dra.claims.mig import ClaimInstances
 from nvdp.dra.claims.preparer import ClaimPreparer
 from nvdp.dra.claims.records import ClaimRef
@@ -55,7 +56,7 @@ class FileSpecs:
         root.mkdir(parents=True, exist_ok=True)
 
     def write(self, claim_uid: str, devices: Sequence[DraDevice], extra: ContainerEdits | None = None,
-              made: Mapping[str, MigDevice] | None = None) -> dict[str, str]:
+              made: Mapping[str, MigDevice] | None = None, files: Sequence[ClaimFile] = ()) -> dict[str, str]:
         body = {d.name: (made or {})[d.name].uuid if d.name in (made or {}) else d.uuid for d in devices}
         tmp = self.root / f".{claim_uid}.tmp"
         tmp.write_text(json.dumps(body))
@@ -108,7 +109,7 @@ def main(state_dir: str, work: str, action: str) -> dict[str, Any]:
     p = ClaimPreparer(driver="gpu.nvidia.com", pool="node-a", checkpoint_path=checkpoint,
                       lock_path=str(root / "pu.lock"), specs=specs, get_claim=cluster.get,
                       view=lambda: NodeView(view), log=LOG, in_use=lambda: (),
-                      instances=ClaimInstances(control, LOG, status))
+                      instances=ClaimInstances(control, LOG), status=status)
     # What the pool takes for foreign as the plugin starts, before the start replays the record.
     foreign = foreign_instances(discover(), read_owned_mig(checkpoint).owns)
     out: dict[str, Any] = {"foreign_before_start": sorted(m.uuid for migs in foreign.values() for m in migs)}

@@ -62,7 +62,8 @@ def main(state_dir: str, work: str) -> dict[str, Any]:
         return ClaimPreparer(driver="gpu.nvidia.com", pool="node-a", checkpoint_path=checkpoint,
                              lock_path=str(Path(work) / "pu.lock"), specs=specs, get_claim=cluster.get,
                              view=lambda: NodeView(view), log=LOG,
-                             instances=ClaimInstances(control, LOG, lambda ns, n, e: statuses.append(e)))
+                             instances=ClaimInstances(control, LOG),
+                             status=lambda ns, n, e: statuses.append(e))
 
     def ref(name: str) -> ClaimRef:
         return ClaimRef(namespace="default", uid=f"u-{name}", name=name)

@@ -78,6 +78,8 @@ def test_the_file_layout(tmp_path: Path) -> None:
         "share": {},  # what its sharing needs on the node: nothing
         "steps": [],  # migStrategy dynamic: its MIG steps, each intent before its effect
         "status_pending": False,  # its status.devices entries are written
+        "pod_claim_name": "",  # a claim named in the pod itself: its metadata under resourceclaims/
+        "metadata_generation": 0,  # its device metadata files: written how often
         "instances": [],  # read from files before steps; never written
     }
     assert path.read_bytes() == encode_checkpoint(CLAIMS)

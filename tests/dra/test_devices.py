@@ -8,6 +8,7 @@ import pytest
 
 from nvdp.dra.pool.devices import (
     ADDRESSING_MODE,
+    NUMA_NODE,
     PCI_BUS_ID,
     PCIE_ROOT,
     DraDevice,
@@ -41,6 +42,7 @@ def test_t4_is_one_gpu_with_nvidias_attributes() -> None:
         "driverVersion": {"version": "550.54.15"},
         "cudaDriverVersion": {"version": "12.4.0"},
         PCI_BUS_ID: {"string": "0000:00:06.0"},
+        NUMA_NODE: {"int": 0},
     }
     assert gpu.capacity == {"memory": {"value": str(15360 * 1024 * 1024)}}
 
@@ -101,6 +103,16 @@ def test_every_device_stays_within_the_api_limits(profile: str) -> None:
                 assert isinstance(text, str) and len(text) <= 64
 
 
+def test_gpus_on_two_numa_nodes_publish_both_values_on_every_gpu_and_mig_device() -> None:
+    # KEP-6072's standard name, an int as NVIDIA publishes it: a claim's matchAttribute puts a GPU and
+    # another driver's device on one NUMA node. The profiles' numa_node is what the stand-in's sysfs says.
+    mixed = {d.name: d.attributes[NUMA_NODE] for d in devices("mixed-4")}
+    assert mixed == {"gpu-0": {"int": 0}, "gpu-1": {"int": 0}, "gpu-2": {"int": 1}, "gpu-3": {"int": 1}}
+    mig = devices("h100-mig-8")
+    assert {d.attributes[NUMA_NODE]["int"] for d in mig if d.name.startswith("gpu-0-")} == {0}
+    assert {d.attributes[NUMA_NODE]["int"] for d in mig if d.name.startswith("gpu-7-")} == {1}
+
+
 def test_mixed_products_are_told_apart_by_product_name() -> None:
     names = {d.name: d.attributes["productName"]["string"] for d in devices("mixed-4")}
     assert names == {"gpu-0": "Tesla T4", "gpu-1": "Tesla T4", "gpu-2": "Tesla V100-SXM2-16GB",
@@ -145,7 +157,7 @@ def test_unknown_facts_are_left_out_not_made_up() -> None:
     gpu = Gpu(index=0, uuid="GPU-a", name="x", memory_bytes=1, compute_capability=(9, 0), minor=0,
               pci_bus_id="00000000:18:00.0")  # fmt: skip
     (device,) = dra_devices(Inventory(driver_version="", cuda_driver_version="12.4", gpus=(gpu,)))
-    unknown = {"brand", "architecture", "driverVersion", PCIE_ROOT, ADDRESSING_MODE}
+    unknown = {"brand", "architecture", "driverVersion", PCIE_ROOT, ADDRESSING_MODE, NUMA_NODE}
     assert unknown.isdisjoint(device.attributes)
 
 

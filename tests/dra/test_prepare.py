@@ -15,6 +15,7 @@ import pytest
 
 from nvdp.cdi.spec import ContainerEdits
 from nvdp.dra.claims.check import ClaimProblem, NodeView, check_claim, our_results
+from nvdp.dra.claims.identity.metadata import ClaimFile
 from nvdp.dra.claims.preparer import ClaimPreparer
 from nvdp.dra.claims.records import COMPLETED, ClaimRef
 from nvdp.dra.claims.release import ClaimsInUse
@@ -49,12 +50,14 @@ class Specs:
         self.files: dict[str, list[str]] = {}
         self.edits: dict[str, ContainerEdits | None] = {}
         self.made: dict[str, dict[str, str]] = {}
+        self.metadata: dict[str, dict[str, ClaimFile]] = {}  # by claim, by request
         self.fail = False
 
     def write(self, claim_uid: str, devices: Sequence[DraDevice], extra: ContainerEdits | None = None,
-              made: Mapping[str, MigDevice] | None = None) -> dict[str, str]:
+              made: Mapping[str, MigDevice] | None = None, files: Sequence[ClaimFile] = ()) -> dict[str, str]:
         if self.fail:
             raise OSError("read-only file system")
+        self.metadata[claim_uid] = {f.request: f for f in files}
         self.files[claim_uid] = [d.name for d in devices]
         self.edits[claim_uid] = extra
         self.made[claim_uid] = {name: mig.uuid for name, mig in (made or {}).items()}
@@ -62,6 +65,7 @@ class Specs:
 
     def remove(self, claim_uid: str) -> None:
         self.files.pop(claim_uid, None)
+        self.metadata.pop(claim_uid, None)
 
     def exists(self, claim_uid: str) -> bool:
         return claim_uid in self.files
@@ -137,8 +141,10 @@ def test_prepare_writes_the_spec_and_answers_its_names(tmp_path: Path) -> None:
     assert answer.error == ""
     (dev,) = answer.devices
     assert (dev.request_names, dev.pool, dev.device) == (("gpu",), NODE, "gpu-1")
-    assert dev.cdi_ids == ("k8s.gpu.nvidia.com/claim=u1-gpu-1",)
+    # the device, and the request's device metadata file (KEP-5304) its spec mounts
+    assert dev.cdi_ids == ("k8s.gpu.nvidia.com/claim=u1-gpu-1", "k8s.gpu.nvidia.com/claim=u1-metadata-gpu")
     assert specs.files == {"u1": ["gpu-1"]}
+    assert list(specs.metadata["u1"]) == ["gpu"]
 
 
 def test_prepare_is_idempotent_without_asking_the_api_again(tmp_path: Path) -> None:
@@ -396,7 +402,8 @@ def test_admin_access_gets_a_device_another_claim_holds(tmp_path: Path) -> None:
     answer = p.prepare([ref(admin)])["ud"]
     assert answer.error == ""
     (device,) = answer.devices
-    assert (device.device, device.cdi_ids) == ("gpu-0", ("k8s.gpu.nvidia.com/claim=ud-gpu-0",))
+    assert (device.device, device.cdi_ids) == ("gpu-0", ("k8s.gpu.nvidia.com/claim=ud-gpu-0",
+                                                         "k8s.gpu.nvidia.com/claim=ud-metadata-gpu"))
     assert specs.files == {"ua": ["gpu-0"], "ud": ["gpu-0"]}
     # the holder's retried prepare still answers its own device
     assert p.prepare([ref(holder)])["ua"].devices[0].device == "gpu-0"

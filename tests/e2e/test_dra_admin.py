@@ -148,7 +148,8 @@ def test_an_admin_access_claim_gets_the_held_gpu(cluster: Cluster, release: Rele
     holder_uid = claim_object(cluster, WORK, "holder")["metadata"]["uid"]
     debug_uid = debug["metadata"]["uid"]
     spec = json.loads(cluster.host(f"cat {CLAIM_SPEC_PREFIX}{debug_uid}.json").stdout)
-    assert [d["name"] for d in spec["devices"]] == [f"{debug_uid}-gpu-0"]
+    # the GPU, and the request's device metadata file its spec mounts (docs/dra.md)
+    assert [d["name"] for d in spec["devices"]] == [f"{debug_uid}-gpu-0", f"{debug_uid}-metadata-gpu"]
     # the holder is untouched: still running, its spec in place, the GPU still its own
     assert phase(cluster, WORK, "holder") == "Ready"
     assert spec_exists(cluster, holder_uid)

@@ -2,7 +2,7 @@
 
 - under migStrategy dynamic, a prepared claim whose MIG device is destroyed behind the plugin's back
   gets it made again at the kubelet's next prepare, with a new UUID, and its `status.devices` entry
-  (server-side apply, nvdp.dra.serving.claim_instances) is rewritten with that UUID;
+  (server-side apply, nvdp.dra.serving.claim_status) is rewritten with that UUID;
 - a checkpoint that cannot be read, at a start while the API server does not answer, keeps the claim
   specs and prepares nothing; the next catch-up once it answers rebuilds the prepared claims from
   the claims it lists.
@@ -70,7 +70,7 @@ def serve_commands(kubeconfig: str, work: str, pool: str) -> None:
     from nvdp.dra.claims.checkpoint import read_owned_mig
     from nvdp.dra.pool.contents import pool_devices
     from nvdp.dra.pool.devices import DraDevice, by_name
-    from nvdp.dra.serving import Serving, claim_instances
+    from nvdp.dra.serving import Serving, claim_instances, claim_status
     from nvdp.inventory.nvml import discover
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
@@ -89,7 +89,7 @@ def serve_commands(kubeconfig: str, work: str, pool: str) -> None:
                              lock_path=str(Path(work) / "pu.lock"), specs=specs,
                              get_claim=lambda ns, name: get_claim(client, ns, name),
                              view=lambda: NodeView(devices()), log=LOG,
-                             instances=claim_instances(serving, client, DRIVER, LOG))
+                             instances=claim_instances(serving, LOG), status=claim_status(client, DRIVER))
     preparer.restore(lambda: list_claims(client))
     for line in sys.stdin:
         command = json.loads(line)
@@ -188,7 +188,7 @@ def test_a_remade_mig_device_rewrites_the_claims_status_with_its_new_uuid(
         assert mig_a["uuid"].startswith("MIG-") and mig_a["profile"] == "1g.10gb"
         [entry] = driver_entries(get_claim(client, namespace, "mig"), PLACEMENT)
         assert (entry["pool"], entry["data"]) == (
-            NODE, {"uuid": mig_a["uuid"], "parentUUID": mig_a["parent"], "profile": "1g.10gb"})
+            NODE, {"type": "mig", "uuid": mig_a["uuid"], "parentUUID": mig_a["parent"], "profile": "1g.10gb"})
 
         # An admin destroys it (nvidia-smi mig -dci / -dgi), behind the plugin's back.
         node.mig_destroy(mig_a["parent"], mig_a["gi_id"])
@@ -205,7 +205,7 @@ def test_a_remade_mig_device_rewrites_the_claims_status_with_its_new_uuid(
         entries = driver_entries(found, PLACEMENT)
         assert len(entries) == 1, f"one entry of {DRIVER} for {PLACEMENT}, not {entries}"
         assert (entries[0]["pool"], entries[0]["data"]) == (
-            NODE, {"uuid": mig_b["uuid"], "parentUUID": mig_b["parent"], "profile": "1g.10gb"})
+            NODE, {"type": "mig", "uuid": mig_b["uuid"], "parentUUID": mig_b["parent"], "profile": "1g.10gb"})
         assert found is not None
         assert [e for e in found["status"]["devices"] if e["driver"] == DRIVER] == entries
     finally:

@@ -1,7 +1,7 @@
 """The DRA plugin's writes to claims' status against a real kube-apiserver, with the chart's RBAC and
-admission policy for migStrategy dynamic (admissionpolicy-dra.yaml): its token, bound to a pod on one
-node, may set this driver's status.devices entries of a claim allocated on that node (what the
-dynamic-MIG prepare does, through `apply_device_status`), and nothing else: not a claim allocated on
+admission policy (admissionpolicy-dra.yaml, rendered with dra.enabled alone): its token, bound to a pod
+on one node, may set this driver's status.devices entries of a claim allocated on that node (what every
+prepare does, through `apply_device_status`), and nothing else: not a claim allocated on
 another node, not another driver's entry, not another pool's, not the allocation or reservedFor.
 
 Two API servers: one as Kubernetes 1.34 and 1.35 are (DRAResourceClaimGranularStatusAuthorization
@@ -38,9 +38,8 @@ NAMESPACE = "dra-status"
 SA = "nvdp-nvidia-device-plugin-dra-plugin"
 CLAIMS = "claims"
 POLICY_WAIT_S = 120
-# What the chart renders this policy for: a config entry with migStrategy dynamic.
-VALUES = {"dra": {"enabled": True},
-          "config": {"map": {"mig": "version: v1\nflags:\n  mode: dra\n  migStrategy: dynamic\n"}}}
+# The chart renders the policy with the DRA plugin, whatever its config entries.
+VALUES = {"dra": {"enabled": True}}
 AS_1_35 = "DRAResourceClaimGranularStatusAuthorization=false"
 
 

@@ -48,16 +48,17 @@ def _fix(directory: str) -> str:
             "write it")
 
 
-def _refused(action: str, path: str, err: OSError, directory: str) -> CdiError:
+def _refused(action: str, path: str, err: OSError, directory: str, fix: str | None = None) -> CdiError:
     why = err.strerror or str(err)
     if err.errno == errno.EROFS:
         why = "read-only file system"
-    return CdiError(f"cannot {action} {path}: {why}; {_fix(directory)}")
+    return CdiError(f"cannot {action} {path}: {why}; {fix or _fix(directory)}")
 
 
-def write_file(data: bytes, path: str) -> bool:
+def write_file(data: bytes, path: str, fix: str | None = None) -> bool:
     """Put `data` at `path` atomically with mode 0644 (temp file in the same folder, fsync, rename);
-    False, writing nothing, when the file already holds exactly these bytes. CdiError when refused."""
+    False, writing nothing, when the file already holds exactly these bytes. CdiError when refused,
+    ending with `fix` (default: how to give the plugin the CDI spec folder)."""
     directory = posixpath.dirname(path) or "."
     try:
         with open(path, "rb") as f:
@@ -68,7 +69,7 @@ def write_file(data: bytes, path: str) -> bool:
     try:
         fd, tmp = tempfile.mkstemp(prefix=".nvdp-spec.", suffix=".tmp", dir=directory)
     except OSError as err:
-        raise _refused("write", path, err, directory) from None
+        raise _refused("write", path, err, directory, fix) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -80,7 +81,7 @@ def write_file(data: bytes, path: str) -> bool:
     except OSError as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise _refused("write", path, err, directory) from None
+        raise _refused("write", path, err, directory, fix) from None
     return True
 
 

@@ -1,6 +1,6 @@
 """What one config puts in force in the DRA plugin: the config, the GPUs, the devices published and
 the CDI spec writer of their claims, prepared before anything running is touched; and the claims'
-sharing on the node (MPS where the pod has the MPS root)."""
+sharing on the node (MPS where the pod has the MPS root), and the writer of their status."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from nvdp.inventory.model import Inventory
 if TYPE_CHECKING:
     from nvdp.daemon.pernode.nodeconfig import Chosen
     from nvdp.daemon.report.recording import Recorder
+    from nvdp.dra.claims.identity.status import StatusWriter
     from nvdp.dra.claims.mig import ClaimInstances
     from nvdp.dra.claims.sharing.mps import ClaimMps
     from nvdp.dra.claims.sharing.node import NodeSharing
@@ -35,9 +36,10 @@ class Serving(Struct, frozen=True):
 
 
 def prepare(config: Config, chosen: Chosen | None, cdi_root: str, log: logging.Logger,
-            owns: Owns | None = None) -> Serving:
+            owns: Owns | None = None, metadata_root: str = "") -> Serving:
     """GPUs, devices and CDI facts for a loaded config; StartupError / NvmlMissing, changing nothing.
-    `owns`: whether the plugin made a MIG device for a claim (migStrategy dynamic; its checkpoint)."""
+    `owns`: whether the plugin made a MIG device for a claim (migStrategy dynamic; its checkpoint);
+    `metadata_root`: where the claims' device metadata files go (the plugin's folder on the host)."""
     from nvdp.cdi.errors import CdiError
     from nvdp.cdi.host import discover_host
     from nvdp.daemon.imex import channels_on_node
@@ -59,7 +61,8 @@ def prepare(config: Config, chosen: Chosen | None, cdi_root: str, log: logging.L
         devices = by_name(pool_devices(config, inventory, owns) if owns else pool_devices(config, inventory))
     except PlanError as err:
         raise StartupError(f"invalid config for this node's GPUs: {err}") from None
-    return Serving(config, inventory, devices, ClaimSpecWriter(cdi_root, config, inventory, facts))
+    return Serving(config, inventory, devices,
+                   ClaimSpecWriter(cdi_root, config, inventory, facts, metadata_root))
 
 
 def node_sharing(client: Any, serving: Serving, env: Mapping[str, str], driver: str, node: str,
@@ -83,21 +86,39 @@ def node_sharing(client: Any, serving: Serving, env: Mapping[str, str], driver: 
     return NodeSharing(driver=driver, mps=mps, log=log, no_mps_reason="", warner=warner), mps
 
 
-def claim_instances(serving: Serving | None, client: Any, driver: str, log: logging.Logger) -> ClaimInstances:
-    """The MIG devices made for claims (migStrategy dynamic), through NVML on the config's driver, their
-    UUIDs written into the claims' status."""
+def claim_instances(serving: Serving | None, log: logging.Logger) -> ClaimInstances:
+    """The MIG devices made for claims (migStrategy dynamic), through NVML on the config's driver."""
     from nvdp.dra.claims.mig import ClaimInstances
     from nvdp.inventory.mig_control import MigControl
-    from nvdp.kube import apply_device_status
 
     assert serving is not None
     flags = serving.config.flags
+    return ClaimInstances(MigControl(flags.nvidia_driver_root, flags.plugin.container_driver_root), log)
 
-    def status(namespace: str, name: str, entries: list[dict[str, Any]]) -> None:
-        apply_device_status(client, namespace, name, driver=driver, devices=entries)
 
-    return ClaimInstances(MigControl(flags.nvidia_driver_root, flags.plugin.container_driver_root), log,
-                          status)
+# The API server's answers that a second try does not change: no right to write (403), the claim gone
+# (404), an entry it does not accept (422).
+_REFUSED_FOR_GOOD = frozenset({403, 404, 422})
+
+
+def claim_status(client: Any, driver: str) -> StatusWriter:
+    """Writes this driver's entries of a claim's status.devices (server-side apply); StatusRefused
+    where trying again cannot help."""
+    from nvdp.dra.claims.identity.status import StatusRefused
+    from nvdp.kube import apply_device_status, classify
+
+    def write(namespace: str, name: str, entries: list[dict[str, Any]]) -> None:
+        try:
+            apply_device_status(client, namespace, name, driver=driver, devices=entries)
+        except Exception as err:
+            failure = classify(err)
+            if failure.kind != "status" or failure.code not in _REFUSED_FOR_GOOD:
+                raise
+            hint = (" (the chart grants the DRA plugin's account resourceclaims/status patch with "
+                    "dra.enabled)" if failure.code == 403 else "")
+            raise StatusRefused(f"{failure.code} {failure.detail}{hint}") from None
+
+    return write
 
 
 def foreign_report(serving: Serving, checkpoint: str) -> tuple[frozenset[str], str]:

@@ -8,7 +8,9 @@ claims it uses (`dynamic_resources`). `claims_in_use` makes one such call; `held
 uses of one claim out of the answer. A pod being deleted stays listed, claims included, until its
 containers have stopped (seen on kubelet 1.36.2 with a container that outlasts its grace period).
 
-The same answer says which pods use the node's GPUs before a mode switch (`node_pods`, read by
+The same answer says which container holds which device (`container_holds`, for the usage metrics of
+nvdp.usage: device-plugin device IDs by resource, and each claim's devices), and which pods use the
+node's GPUs before a mode switch (`node_pods`, read by
 nvdp.daemon.pernode.mode through nvdp.daemon.podresources.kubelet_pods): the devices of device-plugin
 resources (`devices`, `nvidia.com/gpu` ...) and the claims with the driver and pool of each device. The
 kubelet lists the pods it has admitted and not finished (its active pods; regular containers and
@@ -60,6 +62,24 @@ class ClaimUse(msgspec.Struct, frozen=True):
     container: str
 
 
+class HeldClaim(msgspec.Struct, frozen=True):
+    """A claim one container holds, with its devices on this node."""
+
+    namespace: str
+    name: str
+    devices: tuple[tuple[str, str, str], ...]  # (driver, pool, device), in the kubelet's order
+
+
+class ContainerHold(msgspec.Struct, frozen=True):
+    """One running container's devices: device-plugin device IDs by resource, and the claims it holds."""
+
+    namespace: str  # the pod's
+    pod: str
+    container: str
+    devices: tuple[tuple[str, tuple[str, ...]], ...]  # (resource name, device IDs)
+    claims: tuple[HeldClaim, ...]
+
+
 class PodResourcesUnavailable(Exception):
     """The kubelet's pod-resources API could not be asked; the message names the socket, why and the fix."""
 
@@ -83,6 +103,13 @@ def node_pods(socket_path: str = POD_RESOURCES_SOCKET, timeout_s: float = 5.0) -
     given devices of and the claims they hold (each with the driver and pool of its devices), in the
     kubelet's order. One List call within `timeout_s`; any failure raises PodResourcesUnavailable."""
     return _pods(_list(socket_path, timeout_s))
+
+
+def container_holds(socket_path: str = POD_RESOURCES_SOCKET,
+                    timeout_s: float = 5.0) -> tuple[ContainerHold, ...]:
+    """Every running container on the node that holds device-plugin devices or claims, in the kubelet's
+    order. One List call within `timeout_s`; any failure raises PodResourcesUnavailable."""
+    return _holds(_list(socket_path, timeout_s))
 
 
 def _list(socket_path: str, timeout_s: float) -> pb.ListPodResourcesResponse:
@@ -143,6 +170,21 @@ def _pods(answer: pb.ListPodResourcesResponse) -> tuple[KubeletPod, ...]:
             claims=tuple(KubeletClaim(namespace=ns, name=name, devices=tuple(held))
                          for (ns, name), held in claims.items())))
     return tuple(pods)
+
+
+def _holds(answer: pb.ListPodResourcesResponse) -> tuple[ContainerHold, ...]:
+    holds: list[ContainerHold] = []
+    for pod in answer.pod_resources:
+        for container in pod.containers:
+            devices = tuple((d.resource_name, tuple(d.device_ids)) for d in container.devices if d.device_ids)
+            claims = tuple(HeldClaim(
+                namespace=claim.claim_namespace or pod.namespace, name=claim.claim_name,
+                devices=tuple((r.driver_name, r.pool_name, r.device_name) for r in claim.claim_resources))
+                for claim in container.dynamic_resources)
+            if devices or claims:
+                holds.append(ContainerHold(namespace=pod.namespace, pod=pod.name, container=container.name,
+                                           devices=devices, claims=claims))
+    return tuple(holds)
 
 
 def _cause(err: grpc.RpcError, timeout_s: float) -> str:

@@ -19,6 +19,7 @@ from msgspec import Struct
 from nvdp.cdi.spec import ContainerEdits
 from nvdp.claim_results import allocation_results
 from nvdp.dra.claims.causes import CLAIM_NOT_FOUND, INVALID_CLAIM
+from nvdp.dra.claims.identity.metadata import ClaimFile
 from nvdp.dra.pool.devices import DraDevice
 from nvdp.dra.pool.taints import Taint, Toleration, tolerated, tolerations_of
 from nvdp.inventory.model import MigDevice
@@ -45,6 +46,7 @@ class Allocated(Struct, frozen=True):
     share_id: str = ""
     # The request's tolerations the scheduler took into account for a tainted device (KEP-5055).
     tolerations: tuple[Toleration, ...] = ()
+    subrequest: str = ""  # "large" of "gpus/large": the request's alternative that was allocated
 
 
 def describe(namespace: str, name: str, uid: str) -> str:
@@ -58,8 +60,10 @@ def our_results(claim: Mapping[str, Any], driver: str) -> tuple[Allocated, ...]:
     for _, result in allocation_results(claim):
         if result.get("driver") != driver:
             continue
+        request, _, subrequest = str(result.get("request", "")).partition("/")
         found.append(Allocated(
-            request=str(result.get("request", "")).split("/", 1)[0],
+            request=request,
+            subrequest=subrequest,
             pool=str(result.get("pool", "")),
             device=str(result.get("device", "")),
             admin_access=bool(result.get("adminAccess") or False),
@@ -104,16 +108,18 @@ class ClaimSpecs(Protocol):
     """The per-claim CDI specs on disk."""
 
     def write(self, claim_uid: str, devices: Sequence[DraDevice], extra: ContainerEdits | None = None,
-              made: Mapping[str, MigDevice] | None = None) -> dict[str, str]:
-        """Write the claim's spec (`extra`: edits for all its containers; `made`: the MIG devices made
-        for its placement devices, by device name); the qualified CDI name of each device, by name."""
+              made: Mapping[str, MigDevice] | None = None, files: Sequence[ClaimFile] = ()) -> dict[str, str]:
+        """Write the claim's files and then its spec (`extra`: edits for all its containers; `made`: the
+        MIG devices made for its placement devices, by device name; `files`: its requests' metadata,
+        each mounted by a CDI device of its own); the qualified CDI name of each device, by name."""
 
-    def remove(self, claim_uid: str) -> None: ...
+    def remove(self, claim_uid: str) -> None:
+        """Remove the claim's spec, then its files."""
 
     def exists(self, claim_uid: str) -> bool: ...
 
     def present(self) -> frozenset[str]:
-        """The claim UIDs that have a spec file."""
+        """The claim UIDs that have a spec file (or files left without one)."""
 
 
 class NodeView(Struct, frozen=True):

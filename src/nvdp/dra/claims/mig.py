@@ -18,8 +18,8 @@ before whose MIG device is gone (a reboot: MIG devices do not survive it) makes 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol
 
 from msgspec.structs import replace
 
@@ -51,17 +51,6 @@ class InstanceControl(Protocol):
 
 # Saves the claim's steps as they now stand (durably: the checkpoint) before the next NVML call.
 Record = Callable[[tuple[Step, ...]], None]
-# Writes a claim's device status for this driver (nvdp.kube.apply_device_status, bound to the client
-# and driver): namespace, name, entries.
-StatusWriter = Callable[[str, str, list[dict[str, Any]]], None]
-
-
-def device_status(driver: str, pool: str, made: Iterable[MigDeviceStep]) -> list[dict[str, Any]]:
-    """The claim's `status.devices` entries for its MIG devices (KEP-4817): the UUID, parent UUID and
-    profile monitoring (dcgm-exporter) attributes a MIG device's metrics by."""
-    return [{"driver": driver, "pool": pool, "device": m.device,
-             "data": {"uuid": m.mig.uuid, "parentUUID": m.mig.parent_uuid, "profile": m.mig.profile}}
-            for m in made if m.mig is not None]
 
 
 def find_made(step: MigDeviceStep, live: Sequence[GpuInstance], others: Collection[str] = ()
@@ -86,29 +75,12 @@ def find_made(step: MigDeviceStep, live: Sequence[GpuInstance], others: Collecti
 
 class ClaimInstances:
     """Makes and undoes the MIG steps of claims; `control` None: no device is ever made (a node without
-    dynamic MIG), and a claim allocated a placement device is refused. `status`: writes the made MIG
-    devices into the claim's status (None: not written)."""
+    dynamic MIG), and a claim allocated a placement device is refused. The claim's status names the
+    devices made (nvdp.dra.claims.identity)."""
 
-    def __init__(self, control: InstanceControl | None, log: logging.Logger,
-                 status: StatusWriter | None = None) -> None:
+    def __init__(self, control: InstanceControl | None, log: logging.Logger) -> None:
         self._control = control
         self._log = log
-        self._status = status
-
-    def report(self, namespace: str, name: str, driver: str, pool: str,
-               made: Sequence[MigDeviceStep]) -> bool:
-        """The claim's status carries its MIG devices' UUIDs; True when written (or nothing to write).
-        A failure is logged and retried later: the status is for monitoring; the container already
-        gets its device."""
-        if self._status is None or not made:
-            return True
-        try:
-            self._status(namespace, name, device_status(driver, pool, made))
-        except Exception as err:
-            self._log.warning("Cannot write the MIG device UUIDs into the status of claim %s/%s: %s",
-                              namespace, name, err)
-            return False
-        return True
 
     def make(self, what: str, devices: Sequence[DraDevice], steps: tuple[Step, ...], record: Record
              ) -> tuple[Step, ...]:

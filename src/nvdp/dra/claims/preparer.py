@@ -13,8 +13,11 @@ plugin's folder, so a second plugin instance during a rolling update waits its t
    the allocation says) or be unhealthy; claims on one GPU must agree on MPS. A holder is released
    first when it is proven gone (nvdp.dra.claims.release); a refusal names both claims;
 3. the entry is recorded `PrepareStarted`, then the sharing is applied (time slice, MPS daemon), the
-   MIG devices made (nvdp.dra.claims.mig: each NVML call between its intent and its result), the CDI
-   spec written with the sharing's edits; then `PrepareCompleted`, and the claim's status.devices.
+   MIG devices made (nvdp.dra.claims.mig: each NVML call between its intent and its result), the
+   requests' device metadata files and the CDI spec written with the sharing's edits and the files'
+   mounts; then `PrepareCompleted`, and the claim's status.devices (nvdp.dra.claims.identity: what
+   each device is, one computation for both). A GPU whose health changes has the metadata files of the
+   claims on it written again (`catch_up`).
 
 Any failure runs the claim's one undo (nvdp.dra.claims.undo), and so does unprepare. A claim this
 plugin never prepared is a no-op at unprepare (logged): the kubelet retries a failed unprepare
@@ -32,11 +35,15 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from nvdp.cdi.claim import claim_file_id
 from nvdp.cdi.spec import ContainerEdits
 from nvdp.dra.claims.book import ClaimBook, node_lock
 from nvdp.dra.claims.causes import API_ERROR, CDI_WRITE, DEVICE_BUSY, DEVICE_UNHEALTHY, LOCK_ACQUIRE, cause_of
 from nvdp.dra.claims.check import Allocated, ClaimProblem, ClaimSpecs, NodeView, check_claim, describe
 from nvdp.dra.claims.holders import holders_on, overlapping
+from nvdp.dra.claims.identity.claim import health_changed, request_files, status_entries
+from nvdp.dra.claims.identity.metadata import pod_claim_name
+from nvdp.dra.claims.identity.status import ClaimStatus, StatusWriter
 from nvdp.dra.claims.mig import ClaimInstances
 from nvdp.dra.claims.records import (
     COMPLETED,
@@ -70,10 +77,14 @@ class ClaimPreparer:
     def __init__(self, *, driver: str, pool: str, checkpoint_path: str, lock_path: str, specs: ClaimSpecs,
                  get_claim: GetClaim, view: Callable[[], NodeView], log: logging.Logger,
                  sharing: NodeSharing | None = None, instances: ClaimInstances | None = None,
-                 in_use: ClaimsInUse | None = None) -> None:
+                 in_use: ClaimsInUse | None = None, status: StatusWriter | None = None) -> None:
         self.driver = driver
         self.pool = pool
         self._instances = instances or ClaimInstances(None, log)
+        self._status = ClaimStatus(status, log)
+        # The unhealthy UUIDs the claims' metadata files were last written for (None: not known since
+        # the start, when the files of claims on GPUs that are down are written again).
+        self._health_written: frozenset[str] | None = None
         self._sharing = sharing or NodeSharing(driver=driver, mps=None, log=log,
                                                no_mps_reason="this plugin was started without MPS")
         self._lock_path = lock_path
@@ -107,22 +118,44 @@ class ClaimPreparer:
         catches up itself."""
         waiting = self._release.rebuild_pending or any(
             e.status_pending for e in self._book.entries().values())
-        if not waiting:
+        if not waiting and self._view().unhealthy == (self._health_written or frozenset()):
             return
         try:
             with node_lock(self._lock, self._lock_path, CATCH_UP_WAIT_S):
                 self._follow()
                 self._release.retry_rebuild()
                 self._report_pending()
+                self._rewrite_for_health()
         except TimeoutError:
             pass
 
     def _report_pending(self) -> None:
         for uid in self._book:
             entry = self._book[uid]
-            if entry.state == COMPLETED and entry.status_pending and self._instances.report(
-                    entry.namespace, entry.name, self.driver, self.pool, entry.made):
+            if entry.state == COMPLETED and entry.status_pending and self._status.report(
+                    entry.namespace, entry.name, status_entries(self.driver, entry, self._view().devices)):
                 self._book.put(replace(entry, status_pending=False))
+
+    def _rewrite_for_health(self) -> None:
+        """The metadata files of the prepared claims whose GPUs' health changed since they were written,
+        written again (the next generation); a failure is logged, and tried again at the next change."""
+        view = self._view()
+        if view.unhealthy == self._health_written:
+            return
+        changed = (self._health_written or frozenset()) ^ view.unhealthy
+        for uid, entry in self._book.entries().items():
+            if entry.state != COMPLETED or not health_changed(entry, view, changed):
+                continue
+            now = replace(entry, metadata_generation=max(1, entry.metadata_generation) + 1)
+            try:
+                self._specs.write(uid, self._devices_of(now), self._sharing.edits(now.share),
+                                  _made(now.steps), request_files(self.driver, now, view))
+            except Exception as err:
+                self._log.warning("Cannot write the device metadata of %s again: %s",
+                                  describe(entry.namespace, entry.name, uid), err)
+                continue
+            self._book.put(now)
+        self._health_written = view.unhealthy
 
     # --- the kubelet's calls -------------------------------------------------------------------
 
@@ -182,11 +215,12 @@ class ClaimPreparer:
             self._log.warning("Cannot read %s from the API server: %s", what, err)
             return PrepareResult(error=f"cannot read {what} from the API server: {err}; the kubelet retries",
                                  cause=API_ERROR)
-        self._book.put(ClaimEntry(uid=ref.uid, namespace=ref.namespace, name=ref.name, state=STARTED))
+        self._book.put(ClaimEntry(uid=ref.uid, namespace=ref.namespace, name=ref.name, state=STARTED,
+                                  share=share, pod_claim_name=pod_claim_name(claim), metadata_generation=1))
         try:
             extra = self._sharing.apply(ref.uid, share)
             steps = self._instances.make(what, self._claimed(results, view), (), self._recorder(ref.uid))
-            devices = self._write_spec(ref.uid, results, view, extra, _made(steps))
+            devices = self._write_spec(replace(self._book[ref.uid], steps=steps), results, view, extra)
         except Exception as err:
             entry = self._book[ref.uid]
             left = self._undo(entry, self._book.saver(ref.uid), self._book.others(ref.uid))
@@ -196,7 +230,7 @@ class ClaimPreparer:
             text = str(err) if isinstance(err, ClaimProblem) else f"cannot prepare {what}: {err}"
             return PrepareResult(error=text, cause=cause_of(err, CDI_WRITE))
         entry = replace(self._book[ref.uid], state=COMPLETED, devices=devices, share=share,
-                        status_pending=bool(_made(steps)))
+                        status_pending=True)
         self._book.put(entry)
         self._report_pending()
         self._log.info("Prepared %s: %s", what, ", ".join(f"{d.device} -> {', '.join(d.cdi_ids)}"
@@ -218,7 +252,7 @@ class ClaimPreparer:
             self._log.info("Writing the CDI spec of %s again (%s)", what,
                            "its MIG device was made again" if now is not entry else "its file is gone")
             self._specs.write(entry.uid, self._devices_of(now), self._sharing.edits(now.share),
-                              _made(now.steps))
+                              _made(now.steps), request_files(self.driver, now, self._view()))
         self._report_pending()
         return now.devices
 
@@ -304,15 +338,28 @@ class ClaimPreparer:
         time slice set, no MPS daemon joined), so it is never counted as a user of the holder's GPU."""
         return [view.devices[name] for name in dict.fromkeys(r.device for r in results if not r.admin_access)]
 
-    def _write_spec(self, uid: str, results: Sequence[Allocated], view: NodeView,
-                    extra: ContainerEdits | None = None, made: Mapping[str, MigDevice] | None = None
-                    ) -> tuple[PreparedDevice, ...]:
+    def _write_spec(self, entry: ClaimEntry, results: Sequence[Allocated], view: NodeView,
+                    extra: ContainerEdits | None = None) -> tuple[PreparedDevice, ...]:
+        """The claim's metadata files and CDI spec written (`entry`: the claim with its sharing and the
+        MIG devices made for it); its devices as the kubelet gets them. The first device of each
+        request also names the request's metadata file: the kubelet gives a container the CDI devices
+        of every device of the requests it uses."""
+        uid = entry.uid
+        prepared = tuple(PreparedDevice(request_names=(r.request,), pool=r.pool, device=r.device, cdi_ids=(),
+                                        admin_access=r.admin_access, share_id=r.share_id,
+                                        subrequest=r.subrequest) for r in results)
+        files = request_files(self.driver, replace(entry, devices=prepared), view)
         unique = list(dict.fromkeys(r.device for r in results))
-        names = (self._specs.write(uid, [view.devices[d] for d in unique], extra, made or {})
+        names = (self._specs.write(uid, [view.devices[d] for d in unique], extra, _made(entry.steps), files)
                  if unique else {})
-        return tuple(PreparedDevice(request_names=(r.request,), pool=r.pool, device=r.device,
-                                    cdi_ids=(names[r.device],), admin_access=r.admin_access)
-                     for r in results)
+        mounted = {f.request for f in files}
+        answer = []
+        for p in prepared:
+            request = p.request_names[0]
+            file_ids = (claim_file_id(uid, request),) if request in mounted else ()
+            mounted.discard(request)
+            answer.append(replace(p, cdi_ids=(names[p.device], *file_ids)))
+        return tuple(answer)
 
     def _devices_of(self, entry: ClaimEntry) -> list[DraDevice]:
         view = self._view()

@@ -46,6 +46,16 @@ class PreparedDevice(Struct, frozen=True, omit_defaults=True):
     # Allocated for admin access (KEP-5018): handed out beside the claim that holds the device, which
     # it never keeps from anyone (not sent to the kubelet; kept in the checkpoint for the later checks).
     admin_access: bool = False
+    # The scheduler's share of a device several claims hold (consumable capacity), as its status entry
+    # names it; and the subrequest the request was allocated through ("large" of "gpus/large").
+    share_id: str = ""
+    subrequest: str = ""
+
+    @property
+    def request_ref(self) -> str:
+        """The request as the allocation names it: "gpus", or "gpus/large" for a subrequest."""
+        base = self.request_names[0] if self.request_names else ""
+        return f"{base}/{self.subrequest}" if self.subrequest else base
 
 
 class PrepareResult(Struct, frozen=True):
@@ -146,8 +156,13 @@ class ClaimEntry(Struct, frozen=True):
     share: ClaimShare = ClaimShare()
     # The side effects on the GPUs, in the order they were begun (migStrategy dynamic).
     steps: tuple[Step, ...] = ()
-    # The claim's status.devices entries still to be written (a write that failed, a device remade).
+    # The claim's status.devices entries still to be written (every prepare, a write that failed, a
+    # device remade).
     status_pending: bool = False
+    # The claim's name in its pod (`resource.kubernetes.io/pod-claim-name`, a claim made from a template):
+    # where its containers find its device metadata files; and how often those were written.
+    pod_claim_name: str = ""
+    metadata_generation: int = 0
     # Checkpoints before `steps` listed the made MIG devices here; read into `steps` on load.
     instances: tuple[MadeInstance, ...] = ()
 
@@ -166,7 +181,8 @@ class ClaimEntry(Struct, frozen=True):
                       for m in self.instances)
         return ClaimEntry(uid=self.uid, namespace=self.namespace, name=self.name, state=self.state,
                           devices=self.devices, share=self.share, steps=steps + self.steps,
-                          status_pending=self.status_pending)
+                          status_pending=self.status_pending, pod_claim_name=self.pod_claim_name,
+                          metadata_generation=self.metadata_generation)
 
 
 class OwnedMig(Struct, frozen=True):

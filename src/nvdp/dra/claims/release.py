@@ -25,8 +25,11 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from msgspec.structs import replace
+
 from nvdp.dra.claims.book import ClaimBook
 from nvdp.dra.claims.check import Allocated, NodeView, describe
+from nvdp.dra.claims.identity.metadata import pod_claim_name
 from nvdp.dra.claims.rebuild import (
     Listed,
     in_use_here,
@@ -41,7 +44,6 @@ from nvdp.kube.claims import UnreadableClaim
 
 if TYPE_CHECKING:
     from nvdp.cdi.spec import ContainerEdits
-    from nvdp.inventory.model import MigDevice
 
 # The (namespace, name) of every claim a container of a pod on this node holds, from the kubelet's
 # pod-resources API (nvdp.daemon.podresources.client); raises when the kubelet cannot say.
@@ -55,9 +57,8 @@ class SpecFiles(Protocol):
 
 
 class WriteSpec(Protocol):
-    def __call__(self, uid: str, results: Sequence[Allocated], view: NodeView,
-                 extra: ContainerEdits | None = None, made: Mapping[str, MigDevice] | None = None
-                 ) -> tuple[PreparedDevice, ...]: ...
+    def __call__(self, entry: ClaimEntry, results: Sequence[Allocated], view: NodeView,
+                 extra: ContainerEdits | None = None) -> tuple[PreparedDevice, ...]: ...
 
 
 class Releaser:
@@ -203,11 +204,12 @@ class Releaser:
                 claimed = [view.devices[n]
                            for n in dict.fromkeys(r.device for r in results if not r.admin_access)]
                 share = self._sharing.share_of(claim, view.devices, claimed)
-                devices = self._write_spec(uid, results, view, self._sharing.edits(share))
+                entry = ClaimEntry(uid=uid, namespace=namespace, name=name, state=COMPLETED, share=share,
+                                   pod_claim_name=pod_claim_name(claim), metadata_generation=1)
+                devices = self._write_spec(entry, results, view, self._sharing.edits(share))
             except Exception as err:
                 self._log.error("Cannot rebuild %s: %s", describe(namespace, name, uid), err)
                 continue
-            self._book.put(ClaimEntry(uid=uid, namespace=namespace, name=name, state=COMPLETED,
-                                      devices=devices, share=share))
+            self._book.put(replace(entry, devices=devices, status_pending=True))
             self._sharing.adopt(uid, share)
             self._log.info("Rebuilt %s from the API server", describe(namespace, name, uid))

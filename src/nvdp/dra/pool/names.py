@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from nvdp.config.names import DEFAULT_DRA_DRIVER
-from nvdp.inventory.model import Gpu, MigDevice
+from nvdp.inventory.model import Gpu, Inventory, MigDevice
 
 DEFAULT_DRIVER = DEFAULT_DRA_DRIVER
 MAX_DRIVER_NAME = 26
@@ -66,3 +66,14 @@ def device_kind(name: str) -> str:
     if _GPU_NAME.match(name):
         return "gpu"
     return "mig" if _MIG_NAME.match(name) else "unknown"
+
+
+def device_uuids(inventory: Inventory) -> dict[str, str]:
+    """The name of every GPU and MIG device of `inventory` as this driver publishes it, with its UUID
+    (what a claim's device name stands for on this node; nvdp.usage counts claims' use by it)."""
+    names: dict[str, str] = {}
+    for gpu in inventory.gpus:
+        names[gpu_device_name(gpu)] = gpu.uuid
+        for mig in gpu.mig_devices:
+            names[mig_device_name(gpu, mig)] = mig.uuid
+    return names
