@@ -8,12 +8,13 @@
         node.reset_gpu(uuid)                                    # as after a GPU reset: all of it cleared
         mig = node.mig_create(gpu_uuid, 9, 4)                   # nvidia-smi mig -cgi 9 -C, through NVML
         node.kill_after(2, pid)                                 # SIGKILL after pid's 2nd NVML change
+        node.set_processes(uuid, [RunningProcess(4242, 1 << 30, sm_util=35)])  # what NVML lists on it
 
 Run-time state lives in the state directory so that other processes (the plugin, the MPS daemon, a CLI)
 see the same node: `lost/<uuid>` and `unanswering/<uuid>` markers, `compute-mode/<uuid>`, the memory
 health files (README.md), the append-only `events` file, the MIG layouts `mig/<uuid>` and modes
-`mig-mode/<uuid>`, and the fault points `fault/kill-after`, `fault/fail-after`. The library reads them at
-every call.
+`mig-mode/<uuid>`, the running processes `processes/<uuid>`, and the fault points `fault/kill-after`,
+`fault/fail-after`. The library reads them at every call.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any
 
 import yaml
+from msgspec import Struct
 
 from nvdp.inventory.model import Inventory
 from nvdp.inventory.profile import load_profile
@@ -226,6 +227,41 @@ def reset_gpu(state_dir: Path, uuid: str) -> None:
         (state_dir / folder / uuid).unlink(missing_ok=True)
 
 
+class RunningProcess(Struct, frozen=True):
+    """One process NVML lists on a GPU or MIG device (processes/<uuid>, README.md "Running processes")."""
+
+    pid: int
+    used_memory: int | None = None  # bytes (usedGpuMemory); None: NVML_VALUE_NOT_AVAILABLE
+    sm_util: int | None = None  # percent; None: no utilization sample (nvmlDeviceGetProcessUtilization)
+    mem_util: int = 0  # percent
+    mps: bool = False  # an MPS client: listed by nvmlDeviceGetMPSComputeRunningProcesses_v3 instead
+
+    def as_json(self) -> dict[str, Any]:
+        if self.pid < 1 or self.pid > 0xFFFFFFFF:
+            raise ValueError(f"pid {self.pid} is not a process id (1 .. 2^32-1)")
+        for name, value in (("sm_util", self.sm_util), ("mem_util", self.mem_util)):
+            if value is not None and not 0 <= value <= 100:
+                raise ValueError(f"{name} {value} is not a percentage (0 .. 100)")
+        if self.used_memory is not None and self.used_memory < 0:
+            raise ValueError(f"used_memory {self.used_memory} cannot be negative")
+        entry: dict[str, Any] = {"pid": self.pid, "memUtil": self.mem_util, "mps": self.mps}
+        if self.used_memory is not None:
+            entry["usedGpuMemory"] = self.used_memory
+        if self.sm_util is not None:
+            entry["smUtil"] = self.sm_util
+        return entry
+
+
+def set_processes(state_dir: Path, uuid: str, processes: list[RunningProcess]) -> None:
+    """What NVML lists as running on a GPU or MIG device from now on (an empty list: nothing); every
+    process of the node sees it at its next call."""
+    target = state_dir / "processes" / uuid
+    if not processes:
+        target.unlink(missing_ok=True)
+        return
+    _write_atomic(target, json.dumps([p.as_json() for p in processes]) + "\n")
+
+
 class MigError(RuntimeError):
     """NVML refused a MIG change; `code` is its NVML return code (23: insufficient resources, ...)."""
 
@@ -290,30 +326,11 @@ def read_compute_mode(state_dir: Path, uuid: str, default: str = "DEFAULT") -> s
 
 
 def write_sysfs(inventory: Inventory, root: Path) -> Path:
-    """The part of /sys the plugin reads: each GPU's PCI device with its numa_node (-1: none).
+    """The part of /sys the plugin reads: each GPU's PCI device with its numa_node (sim/nvml/sysfs.py)."""
+    from sim.nvml.sysfs import write_sysfs_tree
 
-    A GPU with a `pcie_root` is placed as in a real sysfs, under /sys/devices/<root>/<bridge>/<address>,
-    with /sys/bus/pci/devices/<address> a relative link to it; without one it is a plain directory there.
-    """
-    links = root / "bus/pci/devices"
-    links.mkdir(parents=True, exist_ok=True)
-    for gpu in inventory.gpus:
-        domain, _, rest = gpu.pci_bus_id.partition(":")
-        address = f"{domain[-4:]}:{rest}".lower()
-        link = links / address
-        if link.is_symlink():
-            link.unlink()
-        elif link.is_dir() and gpu.pcie_root is not None:
-            shutil.rmtree(link)
-        device = link
-        if gpu.pcie_root is not None:
-            bridge = f"{gpu.pcie_root.removeprefix('pci')}:01.0"  # the root port the GPU hangs off
-            device = root / "devices" / gpu.pcie_root / bridge / address
-            device.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(Path("../../..") / "devices" / gpu.pcie_root / bridge / address)
-        device.mkdir(parents=True, exist_ok=True)
-        (device / "numa_node").write_text(f"{-1 if gpu.numa_node is None else gpu.numa_node}\n")
-    return root
+    return write_sysfs_tree(({"pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node, "pcie_root": g.pcie_root}
+                             for g in inventory.gpus), root)
 
 
 class NodeSim:
@@ -403,6 +420,11 @@ class NodeSim:
     def reset_gpu(self, uuid: str) -> None:
         self._whole_gpu(uuid, "reset_gpu")
         reset_gpu(self.state_dir, uuid)
+
+    def set_processes(self, uuid: str, processes: list[RunningProcess]) -> None:
+        """The processes NVML lists on a GPU or MIG device of the node (set_processes above)."""
+        self._known(uuid)
+        set_processes(self.state_dir, uuid, processes)
 
     def compute_mode(self, uuid: str) -> str:
         """The compute mode last set through NVML by any process ("DEFAULT", "EXCLUSIVE_PROCESS", ...)."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from sim.nvml import (
     MigError,
     NodeSim,
+    RunningProcess,
     build_library,
     ecc_errors,
     find_gpu,
@@ -22,6 +23,7 @@ from sim.nvml import (
     recovery_action,
     remap_failure,
     reset_gpu,
+    set_processes,
     unanswering,
 )
 
@@ -59,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     gpu_command("recovery-action", "set the driver's recommended recovery action").add_argument(
         "--action", type=int, required=True, choices=range(8), metavar="0..7"
     )
+    gpu_command("processes", "set the processes NVML lists on a GPU or MIG device").add_argument(
+        "processes", nargs="?", default="[]", metavar="JSON",
+        help='a list of {"pid", "usedGpuMemory" (bytes), "smUtil", "memUtil" (percent), "mps"}; '
+             "omitted or []: nothing runs there")
     sub.add_parser("build", help="compile the stand-in library and print its path")
     # MIG instances through the library, as nvidia-smi mig makes them (needs the node's profile).
     mig_create = gpu_command("mig-create", "make a GPU instance at a placement plus its compute instance")
@@ -98,9 +104,27 @@ def main(argv: list[str] | None = None) -> int:
         recovery_action(args.state_dir, args.uuid, args.action)
     elif args.command == "reboot":
         reboot(args.state_dir)
+    elif args.command == "processes":
+        try:
+            set_processes(args.state_dir, args.uuid, _processes(args.processes))
+        except (ValueError, TypeError) as err:
+            parser.error(f"processes: {err}")
     else:
         print(build_library())
     return 0
+
+
+def _processes(text: str) -> list[RunningProcess]:
+    """The JSON list of the command line (the state file's own keys) as RunningProcess records."""
+    entries = json.loads(text)
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError("give a JSON list of objects")
+    keys = {"pid": "pid", "usedGpuMemory": "used_memory", "smUtil": "sm_util", "memUtil": "mem_util",
+            "mps": "mps"}
+    unknown = sorted({key for entry in entries for key in entry} - set(keys))
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(keys)}")
+    return [RunningProcess(**{keys[k]: v for k, v in entry.items()}) for entry in entries]
 
 
 def _mig_command(args: argparse.Namespace) -> int:

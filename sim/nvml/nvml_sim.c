@@ -10,8 +10,9 @@
  *                       call: lost/<uuid> and unanswering/<uuid> markers, compute-mode/<uuid>, the health
  *                       files (retired-pending/, remap-pending/, remap-failed/, ecc-volatile/, ecc-aggregate/,
  *                       recovery-action/), the append-only `events` file ("<uuid> <xid>" per line), MIG
- *                       layouts mig/<uuid> (under the flock of mig/.lock), MIG modes mig-mode/<uuid>, and
- *                       the fault points fault/kill-after, fault/fail-after.
+ *                       layouts mig/<uuid> (under the flock of mig/.lock), MIG modes mig-mode/<uuid>, the
+ *                       running processes processes/<uuid> (JSON), and the fault points fault/kill-after,
+ *                       fault/fail-after.
  *   NVML_SIM_FAIL_INIT  make nvmlInit fail: driver_not_loaded, lib_rm_version_mismatch, no_permission,
  *                       unknown, or a numeric NVML return code; `hang`: nvmlInit never returns (a hung driver).
  *   NVML_SIM_KILL_AFTER N: the process kills itself (SIGKILL) right after its N-th successful call that
@@ -1217,6 +1218,8 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
         const char *state = getenv("NVML_SIM_STATE_DIR");
         snprintf(g.state_dir, sizeof g.state_dir, "%s", state ? state : "");
         if (!profile || !*profile || access(profile, F_OK) != 0) {
+            /* A profile named but absent (a name the stand-in images lack): say which, not only "no driver". */
+            if (profile && *profile) fprintf(stderr, "nvml-sim: no node profile at %s (NVML_SIM_PROFILE)\n", profile);
             ret = NVML_ERROR_DRIVER_NOT_LOADED;
         } else {
             load_err[0] = '\0';
@@ -2619,13 +2622,12 @@ EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, 
     return nvmlEventSetWait_v2(set, data, timeout_ms);
 }
 
-/* ---------------------------------------------------------------- MIG mode switch, processes
+/* ---------------------------------------------------------------- MIG mode switch
  *
  * nvmlDeviceSetMigMode: Hopper and later switch at once (mig-mode/<uuid>, as set_mig_mode writes it);
  * Ampere and older leave the switch pending a GPU reset: the current mode stays and *activationStatus is
  * NVML_ERROR_RESET_REQUIRED while the call itself succeeds (NVIDIA's MIG user guide: "Setting MIG mode on
- * the A100/A30 requires a GPU reset"). Refused with NVML_ERROR_IN_USE while the GPU has GPU instances.
- * No process ever runs on a stand-in GPU: nvmlDeviceGetComputeRunningProcesses(_v3) lists none. */
+ * the A100/A30 requires a GPU reset"). Refused with NVML_ERROR_IN_USE while the GPU has GPU instances. */
 
 #define NVML_ERROR_RESET_REQUIRED_ 14
 #define ARCH_HOPPER 9
@@ -2673,15 +2675,202 @@ EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t d, unsigned int mode, nvml
     FAULT_POINT(set_mig_mode(d, mode, activationStatus));
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, void *infos) {
-    (void)infos;
+/* ---------------------------------------------------------------- running processes
+ *
+ * processes/<uuid> (a GPU's or a MIG device's UUID) holds the processes NVML reports on it, as a JSON list
+ * that a test writes (sim.nvml.set_processes, atomically) and every call reads afresh:
+ *   [{"pid": 4242, "usedGpuMemory": 1073741824, "smUtil": 35, "memUtil": 10, "mps": false}, ...]
+ * pid (required, > 0); usedGpuMemory in bytes (absent: NVML_VALUE_NOT_AVAILABLE); smUtil and memUtil in
+ * percent (smUtil absent: the process has no utilization sample); mps true: an MPS client, listed by
+ * nvmlDeviceGetMPSComputeRunningProcesses_v3 instead of nvmlDeviceGetComputeRunningProcesses_v3.
+ * Without the file (or without a state dir) nothing runs on the device.
+ *
+ * As on the real driver: a MIG device lists its own processes with its GPU and compute instance ids; a GPU
+ * in MIG mode lists those of all its MIG devices (the aggregate); a GPU without MIG lists its own with
+ * both ids 0xFFFFFFFF. nvmlDeviceGetProcessUtilization answers NOT_SUPPORTED for a MIG device and a GPU
+ * in MIG mode, NOT_FOUND when no process has a sample; each sample is stamped with the time of the call
+ * (a running process is sampled all the time) and only samples newer than lastSeenTimeStamp are given. */
+
+#define MAX_PROCS 256
+#define PROCS_FILE_MAX (1 << 20)
+
+typedef struct {
+    unsigned pid;
+    unsigned long long mem; /* ~0ULL: not available */
+    int has_util;
+    unsigned sm, memu;
+    int mps;
+    unsigned gi, ci;
+} sim_proc;
+
+/* nvmlProcessInfo_v2_t (also what the _v3 calls fill) */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_v2_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+static int proc_number(const jvalue *item, const char *key, double max, double *out) {
+    const jvalue *v = json_get(item, key);
+    if (!v) return 0;
+    if (v->type != J_NUM || v->num < 0 || v->num > max || v->num != (double)(unsigned long long)v->num) return -1;
+    *out = v->num;
+    return 1;
+}
+
+/* Appends the processes of processes/<uuid> to procs[*n]; -1 (with a line on stderr) for a file that is
+ * not such a list. */
+static int read_procs(const char *uuid, unsigned gi, unsigned ci, sim_proc *procs, int *n) {
+    char path[1200];
+    if (state_path(path, sizeof path, "processes", uuid) < 0) return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char *text = malloc(PROCS_FILE_MAX + 1);
+    if (!text) {
+        close(fd);
+        return -1;
+    }
+    size_t len = 0;
+    ssize_t r;
+    while (len < PROCS_FILE_MAX && (r = read(fd, text + len, PROCS_FILE_MAX - len)) > 0) len += (size_t)r;
+    close(fd);
+    text[len] = '\0';
+    char err[160] = "";
+    jvalue *doc = json_parse(text, err, sizeof err);
+    free(text);
+    const char *why = NULL;
+    if (!doc) why = err;
+    else if (doc->type != J_ARR) why = "not a JSON list";
+    for (size_t k = 0; !why && k < doc->len; k++) {
+        const jvalue *item = &doc->items[k];
+        double pid = 0, mem = 0, sm = 0, memu = 0;
+        if (item->type != J_OBJ) why = "an entry is not an object";
+        else if (proc_number(item, "pid", 4294967295.0, &pid) != 1 || pid < 1) why = "an entry has no pid > 0";
+        else if (*n >= MAX_PROCS) why = "more than 256 processes on one GPU";
+        else {
+            int has_mem = proc_number(item, "usedGpuMemory", 1.8e19, &mem);
+            int has_sm = proc_number(item, "smUtil", 100, &sm);
+            int has_memu = proc_number(item, "memUtil", 100, &memu);
+            const jvalue *mps = json_get(item, "mps");
+            if (has_mem < 0 || has_sm < 0 || has_memu < 0) why = "usedGpuMemory, smUtil or memUtil out of range";
+            else if (mps && mps->type != J_BOOL) why = "mps is not true or false";
+            else {
+                sim_proc *p = &procs[(*n)++];
+                p->pid = (unsigned)pid;
+                p->mem = has_mem ? (unsigned long long)mem : ~0ULL;
+                p->has_util = has_sm;
+                p->sm = (unsigned)sm;
+                p->memu = (unsigned)memu;
+                p->mps = mps && mps->num != 0;
+                p->gi = gi;
+                p->ci = ci;
+            }
+        }
+    }
+    if (doc) json_free(doc);
+    if (why) {
+        fprintf(stderr, "nvml-sim: %s: %s\n", path, why);
+        return -1;
+    }
+    return 0;
+}
+
+/* The processes NVML reports on d (its MIG devices' for a GPU in MIG mode); an NVML error or SUCCESS. */
+static nvmlReturn_t device_procs(nvmlDevice_t d, sim_proc *procs, int *n) {
+    *n = 0;
+    if (IS_MIG(d)) return read_procs(MIG(d)->uuid, MIG(d)->gi, MIG(d)->ci, procs, n) ? NVML_ERROR_UNKNOWN
+                                                                                     : NVML_SUCCESS;
+    if (!mig_on(d->gpu)) return read_procs(GPU(d)->uuid, NO_ID, NO_ID, procs, n) ? NVML_ERROR_UNKNOWN
+                                                                                  : NVML_SUCCESS;
+    nvmlReturn_t r = NVML_SUCCESS;
+    pthread_mutex_lock(&mig_lock);
+    sync_gpu(d->gpu);
+    sim_gpu *gp = GPU(d);
+    for (int a = 0; a < gp->n_mig && !r; a++) {
+        sim_mig *m = &gp->mig[gp->order[a]];
+        if (read_procs(m->uuid, m->gi, m->ci, procs, n)) r = NVML_ERROR_UNKNOWN;
+    }
+    pthread_mutex_unlock(&mig_lock);
+    return r;
+}
+
+static nvmlReturn_t running_procs(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_v2_t *infos, int mps) {
     nvmlReturn_t r = check(d, 1);
     if (r) return r;
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-    *count = 0;
-    return NVML_SUCCESS;
+    sim_proc *procs = calloc(MAX_PROCS, sizeof *procs);
+    if (!procs) return NVML_ERROR_MEMORY;
+    int n = 0, kept = 0;
+    r = device_procs(d, procs, &n);
+    for (int k = 0; !r && k < n; k++)
+        if (procs[k].mps == mps) procs[kept++] = procs[k];
+    if (!r && (!infos || *count < (unsigned)kept)) {
+        *count = (unsigned)kept;
+        r = kept ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    } else if (!r) {
+        for (int k = 0; k < kept; k++) {
+            infos[k].pid = procs[k].pid;
+            infos[k].usedGpuMemory = procs[k].mem;
+            infos[k].gpuInstanceId = procs[k].gi;
+            infos[k].computeInstanceId = procs[k].ci;
+        }
+        *count = (unsigned)kept;
+    }
+    free(procs);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, void *infos) {
+    return running_procs(d, count, infos, 0);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count, void *infos) {
     return nvmlDeviceGetComputeRunningProcesses_v3(d, count, infos);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, void *infos) {
+    return running_procs(d, count, infos, 1);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *utilization,
+                                                    unsigned int *processSamplesCount,
+                                                    unsigned long long lastSeenTimeStamp) {
+    nvmlReturn_t r = check(d, 1);
+    if (r) return r;
+    if (!processSamplesCount) return NVML_ERROR_INVALID_ARGUMENT;
+    if (IS_MIG(d) || mig_on(d->gpu)) return NVML_ERROR_NOT_SUPPORTED;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned long long now_us = (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000;
+    sim_proc *procs = calloc(MAX_PROCS, sizeof *procs);
+    if (!procs) return NVML_ERROR_MEMORY;
+    int n = 0, kept = 0;
+    r = device_procs(d, procs, &n);
+    for (int k = 0; !r && k < n; k++)
+        if (procs[k].has_util && now_us > lastSeenTimeStamp) procs[kept++] = procs[k];
+    if (!r && kept == 0) {
+        r = NVML_ERROR_NOT_FOUND;
+    } else if (!r && (!utilization || *processSamplesCount < (unsigned)kept)) {
+        *processSamplesCount = (unsigned)kept;
+        r = NVML_ERROR_INSUFFICIENT_SIZE;
+    } else if (!r) {
+        for (int k = 0; k < kept; k++) {
+            utilization[k].pid = procs[k].pid;
+            utilization[k].timeStamp = now_us;
+            utilization[k].smUtil = procs[k].sm;
+            utilization[k].memUtil = procs[k].memu;
+            utilization[k].encUtil = 0;
+            utilization[k].decUtil = 0;
+        }
+        *processSamplesCount = (unsigned)kept;
+    }
+    free(procs);
+    return r;
 }

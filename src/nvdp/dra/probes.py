@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from nvdp.daemon.report.endpoints import HttpEndpoints
     from nvdp.daemon.report.recording import Recorder
     from nvdp.dra.kubelet.server import DraServer
+    from nvdp.usage.collect import UsageCollector
 
 
 class Probed(Protocol):
@@ -60,9 +61,10 @@ class Served(Protocol):
     def readyz(self) -> Response: ...
 
 
-def serve_probes(process: Served, args: argparse.Namespace, log: logging.Logger) -> list[HttpEndpoints]:
-    """/healthz and /readyz on --health-address, and with /metrics on --metrics-address; a server that
-    dies ends the process (nvdp.daemon.guard)."""
+def serve_probes(process: Served, args: argparse.Namespace, log: logging.Logger,
+                 usage: UsageCollector | None = None) -> list[HttpEndpoints]:
+    """/healthz and /readyz on --health-address, and with /metrics on --metrics-address (with the usage
+    series of `usage`'s collections); a server that dies ends the process (nvdp.daemon.guard)."""
     from nvdp.daemon.report.observe import scrape, serve
 
     def metrics() -> Response:
@@ -70,4 +72,8 @@ def serve_probes(process: Served, args: argparse.Namespace, log: logging.Logger)
 
     probes: dict[str, Route] = {"/healthz": process.healthz, "/readyz": process.readyz}
     recorder = process.recorder if args.metrics_address else None
+    if recorder is not None and usage is not None:
+        from nvdp.usage.series import serve_usage
+
+        serve_usage(recorder, usage, log)
     return serve(args.metrics_address, args.health_address, probes, metrics, recorder, log)

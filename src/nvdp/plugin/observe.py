@@ -10,7 +10,7 @@ import argparse
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from nvdp.daemon.report.endpoints import HttpEndpoints, Response, Route
 from nvdp.daemon.report.observe import scrape, serve
@@ -76,5 +76,22 @@ def start(state: PluginState, args: argparse.Namespace, log: logging.Logger,
     endpoints = PluginEndpoints(state, recorder)
     probes: dict[str, Route] = {"/healthz": endpoints.healthz, "/readyz": endpoints.readyz}
     # getattr: a process built from a bare Namespace (tests, embedding) serves nothing.
-    return serve(getattr(args, "metrics_address", None), getattr(args, "health_address", None), probes,
-                 endpoints.metrics, recorder, log)
+    metrics_address = getattr(args, "metrics_address", None)
+    if metrics_address and getattr(args, "usage_metrics", False):
+        serve_usage(state, recorder, log, os.environ)
+    return serve(metrics_address, getattr(args, "health_address", None), probes, endpoints.metrics, recorder,
+                 log)
+
+
+def serve_usage(state: PluginState, recorder: Recorder, log: logging.Logger, env: Mapping[str, str]) -> None:
+    """The usage series of the devices this plugin handed out (nvdp.usage), from the kubelet's device
+    checkpoint beside the registration socket in force: none while nothing is served."""
+    from nvdp.config.names import node_name
+    from nvdp.daemon.podresources import POD_RESOURCES_ENV, POD_RESOURCES_SOCKET
+    from nvdp.usage.collect import UsageCollector, UsageSource, checkpoint_next_to
+    from nvdp.usage.series import serve_usage as register
+
+    source = UsageSource(node=node_name(env),
+                         pod_resources_socket=env.get(POD_RESOURCES_ENV, "").strip() or POD_RESOURCES_SOCKET)
+    register(recorder, UsageCollector(source, checkpoint=lambda: checkpoint_next_to(state.kubelet_socket()),
+                                      log=log), log)

@@ -4,9 +4,12 @@ Each process has its own registry, so the plugin never exports the daemon's seri
 round. Importing this module costs prometheus-client's import (about 40 ms, 5 MiB): processes import
 it only when metrics are on, through `nvdp.daemon.report.recording`, where the edges record into these series.
 Label values are bounded by the node (resource names, GPU UUIDs, XID codes, fixed reason words):
-never pod names, container IDs, replica IDs or claim UIDs. The DRA kubelet plugin's series are
-NVIDIA's (`nvidia_dra_*`), so dashboards of NVIDIA's driver work unchanged; it shares the plugin's
-registry. docs/metrics.md lists every series.
+never pod names, container IDs, replica IDs or claim UIDs. The one exception is the usage series
+(--usage-metrics), made at each scrape by nvdp.usage.series for the containers that hold a device at
+that moment: a pod's series go with the pod. Their names and labels are below; their labels are
+dcgm-exporter's, so its dashboards can be adapted. The DRA kubelet plugin's series are NVIDIA's
+(`nvidia_dra_*`), so dashboards of NVIDIA's driver work unchanged; it shares the plugin's registry.
+docs/metrics.md lists every series.
 """
 
 from __future__ import annotations
@@ -92,6 +95,24 @@ MPS_READY = Gauge(
     "nvdp_mps_daemon_ready", "1 while the MPS control daemon of an MPS-shared resource answers, else 0.",
     ["resource"], registry=PLUGIN,
 )
+
+# --- usage (--usage-metrics): made at each scrape (nvdp.usage.series), never registered as series here --
+# A device, in dcgm-exporter's label names: GPU index, GPU UUID, nvidia<minor>, model, node, and for a MIG
+# device its profile and GPU instance id ("" on a whole GPU).
+USAGE_DEVICE_LABELS = ("gpu", "UUID", "device", "modelName", "hostname", "GPU_I_PROFILE", "GPU_I_ID")
+# A container using it, in dcgm-exporter's names (its per-pod labels and its DRA labels).
+USAGE_LABELS = (*USAGE_DEVICE_LABELS, "namespace", "pod", "container", "pod_uid", "dra_claim_namespace",
+                "dra_claim_name", "dra_driver_name", "dra_pool_name", "dra_device_name")
+POD_GPU_MEMORY = ("nvdp_pod_gpu_memory_used_bytes",
+                  "GPU memory used by the container's processes on the device it holds, in bytes.")
+POD_GPU_SM_UTIL = ("nvdp_pod_gpu_sm_utilization_percent",
+                   "SM utilization of the container's processes on the GPU it holds, percent over the last "
+                   "NVML samples (not reported for MIG devices).")
+GPU_OTHER_PROCESSES = ("nvdp_gpu_unattributed_processes",
+                       "Processes on a device this plugin handed out that belong to none of its holders.")
+USAGE_PROBLEMS = ("nvdp_usage_collection_problems",
+                  "Problems in the last usage collection (0: every figure was read); the log names them.")
+USAGE_DURATION = ("nvdp_usage_collection_duration_seconds", "Time the last usage collection took.")
 
 # --- DRA kubelet plugin: NVIDIA's names, labels and buckets (k8s-dra-driver-gpu pkg/metrics) -----------
 # A "request" is one claim of a NodePrepareResources / NodeUnprepareResources call, as NVIDIA counts.
