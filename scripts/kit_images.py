@@ -1,17 +1,20 @@
 """Build the project's images without a container engine, from the wheel and the k8s kit's Python base.
 
     python scripts/kit_images.py --kit ../shared/k8s                 # release images, tag = appVersion
-    python scripts/kit_images.py --kit ../shared/k8s --stand-ins t4  # plus stand-in NVML, MPS, nvidia-smi
+    python scripts/kit_images.py --kit ../shared/k8s --stand-ins     # plus stand-in NVML, MPS, nvidia-smi
 
 Each image's entry point, environment, user and working directory are read from its Dockerfile under
 `images/`, so this builder and `docker build` produce images that start the same way (tests/images checks
 that the Dockerfiles only use what this reader understands). What differs is the base: the kit's Debian
 bookworm Python 3.11 in /opt/venv instead of python:3.11-slim in /usr/local.
 
-`--stand-ins PROFILE` adds, for clusters without GPUs (the end-to-end suite), the stand-in
-libnvidia-ml.so.1 with that node profile as JSON, the stand-in nvidia-cuda-mps-control and a stand-in
-nvidia-smi to both images; their NVML state lives in /mps/gpu.nvidia.com/nvml-sim, under the MPS root the
-pods mount from the host, so the plugins and the MPS daemons see one node.
+`--stand-ins` builds, for clusters without GPUs (the end-to-end suite, the chart's
+unsupported.simulatedGpus), `<image>-sim` instead: both images plus the stand-in libnvidia-ml.so.1, every
+node profile of sim/profiles (as JSON, with its sysfs tree), the stand-in nvidia-cuda-mps-control and a
+stand-in nvidia-smi. Which profile a container sees is chosen when it starts, through its environment
+(`profile_env`, what the chart sets on every container); their NVML state lives in
+/mps/gpu.nvidia.com/nvml-sim, under the MPS root the pods mount from the host, so the plugins and the MPS
+daemons see one node.
 
 Release images are tagged with the chart's appVersion, stand-in images with a hash of everything that goes
 into them (--tag overrides both). A build whose archive in the kit's image folder came from the same sources
@@ -35,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = {"plugin": "nvdp-plugin", "mps-daemon": "nvdp-mps-daemon"}
+# The stand-in images' name: `<repository>-sim`, which the chart's unsupported.simulatedGpus runs.
+STAND_IN_SUFFIX = "-sim"
 # Where the stand-ins live in an image, and where the NVML stand-in keeps its node-wide state: below the
 # DRA driver's folder of the MPS root, which every pod that touches GPUs mounts from the host (the device
 # plugin and the MPS daemon all of /mps, the DRA plugin and the dra-mps daemons /mps/gpu.nvidia.com).
@@ -42,11 +47,24 @@ SIM_DIR = "/opt/nvml-sim"
 SIM_STATE_DIR = "/mps/gpu.nvidia.com/nvml-sim"
 SIM_ENV = {
     "LD_LIBRARY_PATH": SIM_DIR,
-    "NVML_SIM_PROFILE": f"{SIM_DIR}/profile.json",
     "NVML_SIM_STATE_DIR": SIM_STATE_DIR,
     # The driver's MIG capability files (mig-minors), which a node without the kernel module lacks.
     "NVDP_PROC_ROOT": f"{SIM_DIR}/proc",
 }
+# Every node profile, <name>/profile.json and <name>/sys; no default: a container sees GPUs only once its
+# environment names a profile (profile_env).
+PROFILES_DIR = f"{SIM_DIR}/profiles"
+
+
+def profile_env(profile: str) -> dict[str, str]:
+    """The environment that shows a stand-in image's container the node profile `profile`: what the chart's
+    unsupported.simulatedGpus sets on every container (templates/_helpers.tpl, simulatedGpusEnv)."""
+    return {
+        "NVML_SIM_PROFILE": f"{PROFILES_DIR}/{profile}/profile.json",
+        # The profile's GPUs' PCI devices (their NUMA nodes and PCIe roots), which the host's sysfs lacks.
+        "NVDP_SYSFS_ROOT": f"{PROFILES_DIR}/{profile}/sys",
+    }
+
 # Instructions of the final stage this builder reproduces, and those it may ignore because the kit's
 # base does the same thing another way (ARG/FROM: the base; COPY/RUN: installing the wheel; LABEL:
 # metadata the packer does not write).
@@ -183,23 +201,29 @@ def build_wheel(out_dir: Path) -> Path:
     return wheels[-1]
 
 
-def add_stand_ins(rootfs: Path, profile: str, cc: str = "gcc") -> None:
-    """The stand-in NVML (with `profile` as JSON), nvidia-cuda-mps-control and nvidia-smi, in `rootfs`."""
+def add_stand_ins(rootfs: Path, cc: str = "gcc") -> None:
+    """The stand-in NVML with every node profile (each as JSON with its sysfs tree, where profile_env
+    points), nvidia-cuda-mps-control and nvidia-smi, in `rootfs`."""
     sys.path.insert(0, str(ROOT))
-    from sim.nvml import LIBRARY_NAME, profile_as_json, resolve_profile
+    from sim.nvml import LIBRARY_NAME, list_profiles, profile_as_json, resolve_profile
     from sim.nvml import SIM_DIR as NVML_SOURCES
+    from sim.nvml.procfs import write_proc_tree
+    from sim.nvml.sysfs import write_sysfs_tree
 
     target = rootfs / SIM_DIR.lstrip("/")
     target.mkdir(parents=True, exist_ok=True)
-    # The profile is JSON, so the library never needs Python to read it.
     run([cc, "-O2", "-Wall", "-shared", "-fPIC", "-fvisibility=hidden", '-DNVML_SIM_TO_JSON="/nonexistent"',
          f"-Wl,-soname,{LIBRARY_NAME}", "-o", str(target / LIBRARY_NAME),
          str(NVML_SOURCES / "nvml_sim.c"), str(NVML_SOURCES / "json.c"), "-lpthread"],
         "compiling the stand-in NVML")  # fmt: skip
-    profile_as_json(resolve_profile(profile), target / "profile.json")
-    from sim.nvml.procfs import write_proc_tree
-
     write_proc_tree(target / "proc")
+    for profile in list_profiles():
+        paths = {key: rootfs / value.lstrip("/") for key, value in profile_env(profile).items()}
+        paths["NVML_SIM_PROFILE"].parent.mkdir(parents=True, exist_ok=True)
+        # JSON, so the library never needs Python to read it.
+        profile_as_json(resolve_profile(profile), paths["NVML_SIM_PROFILE"])
+        gpus = json.loads(paths["NVML_SIM_PROFILE"].read_text())["gpus"]
+        write_sysfs_tree(gpus, paths["NVDP_SYSFS_ROOT"])
     bin_dir = rootfs / "usr/local/bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     for source in (ROOT / "sim/mps/nvidia-cuda-mps-control", ROOT / "sim/nvidia-smi"):
@@ -266,9 +290,9 @@ def prune(k8s_dir: Path, ref: str, present: set[str]) -> None:
 
 
 def base_rootfs(kit: Path, wheel: Path, work: Path, digest: str, rootfs: Path, env: dict[str, str]) -> None:
-    """`rootfs`: the kit's Python base with the wheel installed. Both images and every stand-in profile
-    start from the same one, so it is made once per source digest and copied (`cp -a`, 0.75 s) instead of
-    installed again (python-base.sh, 9.5 s per image on this machine)."""
+    """`rootfs`: the kit's Python base with the wheel installed. Both images, the release ones and the
+    stand-in ones, start from the same one, so it is made once per source digest and copied (`cp -a`,
+    0.75 s) instead of installed again (python-base.sh, 9.5 s per image on this machine)."""
     cached = work / f"base-rootfs-{digest[:12]}"
     if not cached.is_dir():
         for old in work.glob("base-rootfs-*"):
@@ -286,7 +310,7 @@ def build_images(
     kit: Path,
     repository_prefix: str = "docker.io/local",
     tag: str | None = None,
-    stand_ins: str | None = None,
+    stand_ins: bool = False,
     work_dir: Path | None = None,
     log: bool = True,
 ) -> dict[str, BuiltImage]:
@@ -295,7 +319,7 @@ def build_images(
         raise BuildError("the kit's python-base.sh and image-from-rootfs.sh need root")
     k8s_dir = Path(os.environ.get("K8S_DIR", "/tmp/nvdp-k8s"))
     env = {**os.environ, "K8S_DIR": str(k8s_dir)}
-    suffix = f"-sim-{stand_ins}" if stand_ins else ""
+    suffix = STAND_IN_SUFFIX if stand_ins else ""
     digest = source_digest([suffix, repository_prefix])
     # Release images carry the chart's appVersion; test images a content hash, so pods of a rebuilt
     # image get a new pod spec and are recreated.
@@ -318,7 +342,7 @@ def build_images(
         rootfs = work / f"rootfs-{name}"
         base_rootfs(kit, wheel, work, source_digest([repository_prefix]), rootfs, env)
         if stand_ins:
-            add_stand_ins(rootfs, stand_ins)
+            add_stand_ins(rootfs)
         run(["bash", str(kit / "image-from-rootfs.sh"), str(rootfs), ref,
              *packer_arguments(spec, SIM_ENV if stand_ins else {})], f"packing {ref}", env=env)  # fmt: skip
         shutil.rmtree(rootfs, ignore_errors=True)
@@ -344,8 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--stand-ins",
-        metavar="PROFILE",
-        help="add the stand-in NVML (this node profile), MPS control and nvidia-smi",
+        action="store_true",
+        help="build <image>-sim: plus the stand-in NVML with every node profile, MPS control and nvidia-smi",
     )
     args = parser.parse_args(argv)
     try:

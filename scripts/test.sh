@@ -8,7 +8,7 @@ if [ "${1:-}" = "--quick" ]; then
   QUICK=1
   shift
 fi
-. "$(dirname "$0")/venv.sh"
+. "$(dirname "$0")/venv.sh" test
 cd "$ROOT"
 # Tests of the Kubernetes API edge start throwaway kube-apiservers from KUBEBUILDER_ASSETS; the
 # kit's idempotent setup.sh provides them (about 20 s when its Debian packages are present).

@@ -14,6 +14,7 @@ Scenarios only use the methods of `Cluster`: `helm`, `kubectl`, `wait_for`, `all
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import itertools
 import json
@@ -31,6 +32,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import kit_images  # noqa: E402
+
 CHART = ROOT / "charts" / "nvidia-device-plugin"
 NODE_LOCK = Path("/tmp/nvdp-kit-node.lock")
 GPU = "nvidia.com/gpu"
@@ -56,22 +60,40 @@ class ClusterUnavailable(RuntimeError):
     """The cluster could not be brought up: the suite skips, loudly (infrastructure, not product)."""
 
 
+def stand_in_base(ref: str) -> tuple[str, str]:
+    """The repository and tag a user sets for the stand-in image `<repository>-sim:<tag>`, the name the
+    chart's unsupported.simulatedGpus runs."""
+    repository, tag = ref.rsplit(":", 1)
+    suffix = kit_images.STAND_IN_SUFFIX
+    assert repository.endswith(suffix), f"{ref}: not named as the chart expects a stand-in image"
+    return repository.removesuffix(suffix), tag
+
+
 @dataclass(frozen=True)
 class Images:
-    plugin: str  # full references, e.g. docker.io/local/nvdp-plugin-sim-t4:0.1.0-abc
+    """The one set of stand-in images (every node profile in each) and the profile a release selects."""
+
+    plugin: str  # full references, e.g. docker.io/local/nvdp-plugin-sim:0.1.0-abc
     mps_daemon: str
+    profile: str  # sim/profiles/<profile>.yaml, what the chart's unsupported.simulatedGpus names
     # docker-archive of each image by name ("plugin", "mps-daemon"), where the backend keeps one
     archives: dict[str, Path] = field(default_factory=dict)
 
+    def with_profile(self, profile: str) -> Images:
+        """The same images showing another node profile: nothing is built."""
+        return dataclasses.replace(self, profile=profile)
+
     def helm_args(self) -> list[str]:
-        """Values that point the chart (and its `helm test` pod) at these local images."""
-        plugin_repo, plugin_tag = self.plugin.rsplit(":", 1)
-        mps_repo, mps_tag = self.mps_daemon.rsplit(":", 1)
+        """Values that run the chart (and its `helm test` pod) from these local images with the profile,
+        as a user of unsupported.simulatedGpus types them: the project's repositories, tags and the
+        profile; the chart adds `-sim` and the profile's environment."""
+        plugin_repo, plugin_tag = stand_in_base(self.plugin)
+        mps_repo, mps_tag = stand_in_base(self.mps_daemon)
         return [
             "--set", f"image.repository={plugin_repo}", "--set-string", f"image.tag={plugin_tag}",
             "--set", "image.pullPolicy=Never",
             "--set", f"mpsImage.repository={mps_repo}", "--set-string", f"mpsImage.tag={mps_tag}",
-            "--set", f"tests.image.repository={plugin_repo}", "--set-string", f"tests.image.tag={plugin_tag}",
+            "--set", f"unsupported.simulatedGpus={self.profile}",
             "--set", "tests.image.pullPolicy=Never",
         ]  # fmt: skip
 
@@ -135,7 +157,8 @@ class Cluster:
         raise NotImplementedError
 
     def build_images(self, profile: str) -> Images:
-        """Build the images with the stand-ins for `profile` and make them available to the node."""
+        """Build (or reuse) the stand-in images, which carry every node profile, and make them available
+        to the node; releases with them show `profile` (Images.with_profile: another one, same images)."""
         raise NotImplementedError
 
     def kubectl_argv(self) -> list[str]:
@@ -348,17 +371,15 @@ class KitCluster(Cluster):
         return ["bash", "-c", script]
 
     def build_images(self, profile: str) -> Images:
-        sys.path.insert(0, str(ROOT / "scripts"))
-        import kit_images
-
         os.environ.setdefault("K8S_DIR", str(self.k8s_dir))
         try:
-            built = kit_images.build_images(self.kit, stand_ins=profile, log=False)
+            built = kit_images.build_images(self.kit, stand_ins=True, log=False)
         except kit_images.BuildError as err:
             raise AssertionError(f"building the images failed: {err}") from err
         return Images(
             plugin=built["plugin"].ref,
             mps_daemon=built["mps-daemon"].ref,
+            profile=profile,
             archives={name: image.archive for name, image in built.items()},
         )
 
@@ -431,15 +452,14 @@ class KindCluster(Cluster):
         refs = {}
         for name in ("plugin", "mps-daemon"):
             base = f"nvdp-{name}:{tag}"
-            ref = f"nvdp-{name}-sim-{profile}:{tag}"
+            ref = f"nvdp-{name}{kit_images.STAND_IN_SUFFIX}:{tag}"
             self._run(["docker", "build", "-q", "-f", str(ROOT / "images" / name / "Dockerfile"), "-t", base,
                        str(ROOT)], True, 900)  # fmt: skip
             self._run(["docker", "build", "-q", "-f", str(ROOT / "tests/e2e/Dockerfile.sim"),
-                       "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"PROFILE={profile}", "-t", ref,
-                       str(ROOT)], True, 900)  # fmt: skip
+                       "--build-arg", f"BASE_IMAGE={base}", "-t", ref, str(ROOT)], True, 900)  # fmt: skip
             self._run(["kind", "load", "docker-image", "--name", self.name, ref], True, 300)
             refs[name] = f"docker.io/library/{ref}"
-        return Images(plugin=refs["plugin"], mps_daemon=refs["mps-daemon"])
+        return Images(plugin=refs["plugin"], mps_daemon=refs["mps-daemon"], profile=profile)
 
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -473,9 +493,9 @@ class Release:
         return self.cluster.helm("install", self.name, str(CHART), "--create-namespace", *self._values(args),
                                  "--wait", "--timeout", "180s", check=check)  # fmt: skip
 
-    def upgrade(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return self.cluster.helm("upgrade", self.name, str(CHART), *self._values(args), "--wait",
-                                 "--timeout", "180s")  # fmt: skip
+    def upgrade(self, *args: str, wait: bool = True) -> subprocess.CompletedProcess[str]:
+        waiting = ["--wait", "--timeout", "180s"] if wait else []
+        return self.cluster.helm("upgrade", self.name, str(CHART), *self._values(args), *waiting)
 
     def uninstall(self) -> None:
         done = self.cluster.helm("uninstall", self.name, "-n", self.namespace, "--wait", check=False)

@@ -1,7 +1,7 @@
 """DRA driver faults on a real node: a corrupt checkpoint while a hostile claim sits elsewhere in the cluster.
 
-The chart with `dra.enabled=true` on the mixed profile's stand-in (four GPUs), the claim specs pointing
-at the CDI scenario's fake driver root (tests/e2e/test_dra.py's host set-up).
+The chart with `dra.enabled=true` on the stand-in showing the mixed profile (four GPUs), the claim specs
+pointing at the CDI scenario's fake driver root (tests/e2e/test_dra.py's host set-up).
 
 The story, each step on the one before:
 1. install; two pods with a claim for one GPU each are Running, each claim's CDI spec on the host.
@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from .e2e_cluster import Cluster, Release, Timings, story_release
+from .e2e_cluster import Cluster, Images, Release, Timings, story_release
 from .test_cdi import DRIVER_VERSION, LIBDIR, LIBRARIES, HostSetup
 from .test_dra import (
     CLAIM_SPEC_PREFIX,
@@ -76,8 +76,8 @@ def host(cluster: Cluster) -> Iterator[HostSetup]:
 
 
 @pytest.fixture(scope="module")
-def release(cluster: Cluster, host: HostSetup) -> Iterator[Release]:
-    with story_release(cluster, cluster.build_images("mixed-4"), "nvdp-dra-faults", "nvdp-e2e-dra-faults",
+def release(cluster: Cluster, images: Images, host: HostSetup) -> Iterator[Release]:
+    with story_release(cluster, images.with_profile("mixed-4"), "nvdp-dra-faults", "nvdp-e2e-dra-faults",
                        work=[NAMESPACE, HOSTILE]) as release:
         yield release
 

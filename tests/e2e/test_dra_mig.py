@@ -1,10 +1,10 @@
 """Dynamic MIG on a real node: MIG devices made when claims are prepared, on one stand-in H100 80GB.
 
-The chart with `dra.enabled=true` and a config entry `flags.migStrategy: dynamic`, the images carrying
-the stand-in NVML for `h100-mig-dynamic` (one H100, MIG mode on, no MIG device), the claim specs
-pointing at the CDI scenario's fake driver root. The stand-in's MIG state lives below the MPS root on
-the host, where this test reads it (and makes a MIG device behind the plugin's back) through the same
-library. The story, each step on the one before:
+The chart with `dra.enabled=true` and a config entry `flags.migStrategy: dynamic`, the stand-in images
+showing `h100-mig-dynamic` (`unsupported.simulatedGpus`: one H100, MIG mode on, no MIG device), the
+claim specs pointing at the CDI scenario's fake driver root. The stand-in's MIG state lives below the MPS
+root on the host, where this test reads it (and makes a MIG device behind the plugin's back) through the
+same library. The story, each step on the one before:
 1. install: the node's pool holds one slice of shared counters (`gpu-0-mig`: 8 memory slices, 7 compute
    slices, one `+me` instance) and one of 26 devices: the whole GPU and every placement (7 of 1g.10gb,
    4 of 1g.20gb, 3 of 2g.20gb, 2 of 3g.40gb, 1 of 4g.40gb, 1 of 7g.80gb, 7 of 1g.10gb+me), each
@@ -116,8 +116,8 @@ def host(cluster: Cluster) -> Iterator[HostSetup]:
 
 
 @pytest.fixture(scope="module")
-def mig_images(cluster: Cluster) -> Images:
-    return cluster.build_images(PROFILE)
+def mig_images(images: Images) -> Images:
+    return images.with_profile(PROFILE)  # the suite's images, showing the H100
 
 
 @pytest.fixture(scope="module")

@@ -36,5 +36,8 @@ def test_image_starts_as_its_dockerfile_says(images: Images, name: str) -> None:
     env = dict(item.split("=", 1) for item in config.get("Env", []))
     assert {k: env.get(k) for k in spec.env} == spec.env
     assert config.get("User", "") in ("", "root", "0"), "the Dockerfiles run as root"
-    # The stand-ins the suite adds on top, pointing NVML at the node-wide state folder.
+    # The stand-ins the suite adds on top, pointing NVML at the node-wide state folder; no profile: the
+    # chart's unsupported.simulatedGpus names one when a container starts.
+    assert {k: env.get(k) for k in kit_images.SIM_ENV} == kit_images.SIM_ENV
     assert env["NVML_SIM_STATE_DIR"] == kit_images.SIM_STATE_DIR
+    assert not set(env) & set(kit_images.profile_env("t4")), env

@@ -52,6 +52,20 @@ def test_stand_in_images_point_nvml_at_the_node_wide_state(tmp_path: Path) -> No
     args = kit_images.packer_arguments(spec, kit_images.SIM_ENV)
     assert "--env" in args and "NVML_SIM_STATE_DIR=/mps/gpu.nvidia.com/nvml-sim" in args
     assert "LD_LIBRARY_PATH=/opt/nvml-sim" in args
+    # No profile of their own: the chart's unsupported.simulatedGpus names one (profile_env).
+    assert not [a for a in args if a.split("=")[0] in kit_images.profile_env("t4")]
+
+
+def test_the_dockerfile_builds_the_stand_ins_where_the_kit_builder_does() -> None:
+    # tests/e2e/Dockerfile.sim (kind, scripts/build-images.sh --stand-ins) and scripts/kit_images.py make
+    # the same images: the same environment, every profile where profile_env (and so the chart) points.
+    dockerfile = ROOT / "tests/e2e/Dockerfile.sim"
+    assert kit_images.read_dockerfile(dockerfile).env == kit_images.SIM_ENV
+    text = dockerfile.read_text()
+    assert f"COPY --from=sim /out/ {kit_images.SIM_DIR}/" in text
+    assert "for profile in sim/profiles/*.yaml" in text
+    for path in kit_images.profile_env("$name").values():
+        assert path.replace(kit_images.SIM_DIR, "/out") in text, path
 
 
 def test_instructions_it_cannot_mirror_are_refused(tmp_path: Path) -> None:
@@ -78,3 +92,18 @@ def test_only_the_final_stage_counts(tmp_path: Path) -> None:
 def test_archive_path_follows_the_kits_naming() -> None:
     path = kit_images.archive_path(Path("/k"), "docker.io/local/nvdp-plugin:0.1.0+x")
     assert path == Path("/k/img/nvdp-plugin_0.1.0_x.tar")
+
+
+@pytest.mark.slow  # compiles the stand-in NVML
+def test_stand_in_images_carry_the_profiles_sysfs_where_the_inventory_reads_numa(tmp_path: Path) -> None:
+    # The DRA plugin's resource.kubernetes.io/numaNode and the device plugin's topology come from the
+    # GPU's PCI device in sysfs; the image's stand-in tree is made from the profile (sim/nvml/sysfs.py).
+    from nvdp.inventory.nvml import numa_node, pcie_root
+
+    kit_images.add_stand_ins(tmp_path)
+    paths = {k: tmp_path / v.lstrip("/") for k, v in kit_images.profile_env("mixed-4").items()}
+    sysfs = str(paths["NVDP_SYSFS_ROOT"])
+    profile = json.loads(paths["NVML_SIM_PROFILE"].read_text())
+    assert [numa_node(g["pci_bus_id"], sysfs) for g in profile["gpus"]] == [0, 0, 1, 1]
+    assert [pcie_root(g["pci_bus_id"], sysfs) for g in profile["gpus"]] == [g.get("pcie_root") for g in
+                                                                            profile["gpus"]]

@@ -1,96 +1,22 @@
-"""A node's driver files for CDI tests: a fake driver root (versioned libcuda, real character device
-nodes made with mknod), a stub hook in its own folder, and a CDI folder, all under one test folder.
-
-The plugin sees the driver root as its container driver root (DRIVER_ROOT_CTR_PATH) and the hook's
-folder as the chart's mount (NVDP_HOST_HOOK_DIR), and writes its specs to NVDP_CDI_DIR. Device nodes
-must be character devices (nvdp.cdi.nodes takes nothing else, as NVIDIA's toolkit), which needs
-mknod: without it the tests that need nodes are skipped with the reason.
-"""
+"""A node's driver files for CDI tests (`sim.driver_root`), in the test's folder; the test skips, saying
+why, where device nodes cannot be made (mknod needs root)."""
 
 from __future__ import annotations
 
-import json
-import os
-import stat
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from nvdp.inventory.model import Inventory
+from sim.driver_root import GPU_KIND, SPEC_NAME, VENDOR, CdiNode, NoDeviceNodes, make_driver_root
 
-VENDOR = "k8s.device-plugin.nvidia.com"
-GPU_KIND = f"{VENDOR}/gpu"
-SPEC_NAME = f"{VENDOR}-gpu.json"
-LIB_DIR = "usr/lib/x86_64-linux-gnu"
-NVIDIA_MAJOR = 195
-CTL_MINOR = 255
-HOOK = "nvidia-ctk"
-
-
-def mknod_problem(folder: Path) -> str | None:
-    """Why character devices cannot be made here, or None."""
-    probe = folder / ".mknod-probe"
-    try:
-        os.mknod(probe, stat.S_IFCHR | 0o666, os.makedev(1, 3))
-    except OSError as err:
-        return (f"cannot make device nodes here ({err.strerror}): the CDI spec needs real /dev/nvidia* "
-                "nodes; run as root")
-    probe.unlink()
-    return None
-
-
-@dataclass
-class CdiNode:
-    driver_root: Path
-    hook_dir: Path
-    cdi_dir: Path
-
-    @property
-    def env(self) -> dict[str, str]:
-        """The plugin's environment for this node (the strategy is the test's to add)."""
-        return {
-            "DRIVER_ROOT_CTR_PATH": str(self.driver_root),
-            "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
-            "NVDP_HOST_HOOK_DIR": str(self.hook_dir),
-            "NVDP_CDI_DIR": str(self.cdi_dir),
-        }
-
-    @property
-    def spec_path(self) -> Path:
-        return self.cdi_dir / SPEC_NAME
-
-    def spec(self) -> dict[str, Any]:
-        loaded: dict[str, Any] = json.loads(self.spec_path.read_text())
-        return loaded
-
-    def device_names(self) -> list[str]:
-        return sorted(d["name"] for d in self.spec()["devices"])
+__all__ = ["GPU_KIND", "SPEC_NAME", "VENDOR", "CdiNode", "make_cdi_node"]
 
 
 def make_cdi_node(folder: Path, inventory: Inventory) -> CdiNode:
     """The driver root, hook and CDI folder for `inventory` (skips the test without mknod)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    problem = mknod_problem(folder)
-    if problem is not None:
-        print(f"skipped: {problem}")
-        pytest.skip(problem)
-    root = folder / "driver-root"
-    lib = root / LIB_DIR
-    lib.mkdir(parents=True)
-    version = inventory.driver_version
-    (lib / f"libcuda.so.{version}").write_bytes(b"not an ELF: enough for the spec's mounts\n")
-    (lib / "libcuda.so.1").symlink_to(f"libcuda.so.{version}")
-    dev = root / "dev"
-    dev.mkdir()
-    nodes = {f"nvidia{gpu.minor}": gpu.minor for gpu in inventory.gpus} | {"nvidiactl": CTL_MINOR}
-    for name, minor in nodes.items():
-        os.mknod(dev / name, stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, minor))
-        os.chmod(dev / name, 0o666)
-    hook_dir = folder / "hook"
-    hook_dir.mkdir()
-    hook = hook_dir / HOOK
-    hook.write_text("#!/bin/sh\nexit 0\n")
-    hook.chmod(0o755)
-    return CdiNode(root, hook_dir, folder / "cdi")
+    try:
+        return make_driver_root(folder, inventory)
+    except NoDeviceNodes as err:
+        print(f"skipped: {err}")
+        pytest.skip(str(err))
