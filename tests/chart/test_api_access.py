@@ -69,13 +69,15 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Rules], dict[str, bool]]] = {
         {GFD: rules(("", "nodes", "get list watch patch"), ("", "events", "create"),
                     ("nfd.k8s-sigs.io", "nodefeatures", "get create update"))},
         {PLUGIN: False, GFD: True}),
-    "dra.enabled": (
+    "dra.enabled: claims' status, what each prepared device is (test_dra_rbac.py)": (
         {"dra": {"enabled": True}},
         {DRA: rules(("resource.k8s.io", "resourceclaims", "get list watch"),
+                    ("resource.k8s.io", "resourceclaims/status", "patch"),
+                    ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
                     ("resource.k8s.io", "resourceslices", "get list watch create update delete"),
                     NODE_READ, ("", "events", "create"))},
         {DRA: True, DRA_MPS: False}),
-    "dra.enabled with migStrategy dynamic: claims' status (test_dra_rbac.py)": (
+    "dra.enabled with migStrategy dynamic: nothing more": (
         {"dra": {"enabled": True},
          "config": {"map": {"mig": "version: v1\nflags:\n  mode: dra\n  migStrategy: dynamic\n"}}},
         {DRA: rules(("resource.k8s.io", "resourceclaims", "get list watch"),

@@ -29,7 +29,8 @@ RENDERS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "mps-and-mig": {"config": {"map": {"config": MPS_CONFIG}}, "migStrategy": "single"},
     "cpu-manager": {"compatWithCPUManager": True},
-    "metrics": {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True}}},
+    "metrics": {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True},
+                            "usage": {"enabled": True, "dashboard": {"enabled": True}}}},
     "per-node-config": {"config": {"map": {"mps": MPS_CONFIG, "plain": "version: v1\n"}, "default": "plain"}},
     "cdi": {"deviceListStrategy": "cdi-cri", "nvidiaDriverRoot": "/", "cdi": {"featureFlags": ["x"]}},
 }
@@ -38,7 +39,7 @@ RENDERS: dict[str, dict[str, Any]] = {
 # chart README ("checkov findings"), which must list every ID here.
 ACCEPTED: dict[str, set[str]] = {
     "CKV_K8S_8": {"mps-control-daemon", "test"},  # liveness probe
-    "CKV_K8S_9": {"mps-control-daemon", "test"},  # readiness probe
+    "CKV_K8S_9": {"test"},  # readiness probe
     "CKV_K8S_11": {"device-plugin", "mps-control-daemon"},  # CPU limits (throttling)
     "CKV_K8S_13": {"mps-control-daemon"},  # memory limit (NVIDIA's MPS processes run in it)
     "CKV_K8S_15": {"device-plugin", "mps-control-daemon", "test"},  # pull policy Always
@@ -48,7 +49,7 @@ ACCEPTED: dict[str, set[str]] = {
     "CKV_K8S_25": {"device-plugin"},  # added capability (SYS_ADMIN for MIG / volume-mounts)
     "CKV_K8S_39": {"device-plugin"},  # SYS_ADMIN
     "CKV_K8S_16": {"device-plugin", "mps-control-daemon"},  # privileged
-    "CKV_K8S_17": {"mps-control-daemon"},  # hostPID
+    "CKV_K8S_17": {"mps-control-daemon", "device-plugin"},  # hostPID (MPS; usage metrics)
     "CKV_K8S_20": {"device-plugin", "mps-control-daemon"},  # privilege escalation (implied by privileged)
     "CKV_K8S_22": {"device-plugin", "mps-control-daemon"},  # writable root filesystem
     "CKV_K8S_28": {"device-plugin", "mps-control-daemon"},  # NET_RAW (implied by privileged)

@@ -23,6 +23,10 @@ RUNTIME_ENV = {
 observe = pytest.importorskip("nvdp.daemon.report.observe")
 # Read by the processes themselves (where to serve metrics and probes), not by the config loader.
 PROCESS_ENV = {observe.METRICS_ADDRESS_ENV, observe.HEALTH_ADDRESS_ENV}
+# Read by the MPS daemon's turn on its node (nvdp.mps.handover) and its ask of the kubelet (nvdp.mps.work).
+handover = pytest.importorskip("nvdp.mps.handover")
+podresources = pytest.importorskip("nvdp.daemon.podresources")
+PROCESS_ENV |= {handover.READY_FILE_ENV, handover.POD_NAME_ENV, podresources.POD_RESOURCES_ENV}
 # Read by the per-node config settings (nvdp.daemon.pernode.nodeconfig.settings_from), which choose the entry.
 NODE_CONFIG_ENV = {"CONFIG_DIR", "DEFAULT_CONFIG", "FALLBACK_STRATEGIES"}
 # Read by the CDI hook check (nvdp.cdi.host): where the chart mounted the hook's host directory.

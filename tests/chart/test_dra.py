@@ -129,7 +129,8 @@ def test_custom_folders_and_driver_name_follow_through() -> None:
     assert set(classes) == {"gpu.example.com", "mig.example.com", "nvidia.com-gpu"}
     assert classes["gpu.example.com"]["spec"]["selectors"][0]["cel"]["expression"] == (
         "device.driver == 'gpu.example.com' && device.attributes['gpu.example.com'].type == 'gpu'")
-    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
+                 and not o["metadata"]["name"].endswith("-claim-status")]
     assert "gpu.example.com" in policy["spec"]["validations"][2]["expression"]
     assert not names(dra_render({"dra": {"deviceClasses": False}}), "DeviceClass")
 
@@ -139,22 +140,26 @@ def test_rbac_and_policy_name_the_dra_account() -> None:
     (role,) = [o for o in objects if o["kind"] == "ClusterRole" and "dra" in o["metadata"]["name"]]
     rules = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
              for r in rule["resources"]}  # fmt: skip
-    # No claims' status without migStrategy dynamic, no pods (the kubelet's pod-resources API says which
-    # pods use the GPUs): test_dra_rbac.py.
+    # Claims' status (this driver's entries, the admission policy), no pods (the kubelet's pod-resources
+    # API says which pods use the GPUs): test_dra_rbac.py.
     assert rules == {
         ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
+        ("resource.k8s.io", "resourceclaims/status"): {"patch"},
+        ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch"},
         ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
         ("", "nodes"): {"get", "list", "watch"},
         ("", "events"): {"create"},  # on its Node, and on claims in their namespaces
     }
     (binding,) = [o for o in objects if o["kind"] == "ClusterRoleBinding" and "dra" in o["metadata"]["name"]]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": DAEMONSET, "namespace": NAMESPACE}]
-    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
+                 and not o["metadata"]["name"].endswith("-claim-status")]
     (condition,) = policy["spec"]["matchConditions"]
     user = f"system:serviceaccount:{NAMESPACE}:{DAEMONSET}"
     assert condition["expression"] == f'request.userInfo.username == "{user}"'
     assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["resourceslices"]
-    (policy_binding,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    (policy_binding,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"
+                         and o["spec"]["policyName"] == policy["metadata"]["name"]]
     assert policy_binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
 
 

@@ -332,7 +332,8 @@ def test_an_mps_class_needs_dra_mps() -> None:
         ({"sharingClasses": [{"name": "x"}]}, "- at '/dra/sharingClasses/0': missing property 'sharing'"),
         (
             {"sharingClasses": [{"name": "x", "sharing": TIME_SLICING, "config": {}}]},
-            "- at '/dra/sharingClasses/0': additional properties 'config' not allowed",
+            "Unknown value 'dra.sharingClasses[0].config'. Keys under 'dra.sharingClasses[0]': "
+            "extendedResourceName, name, selector, sharing.",
         ),
         (
             {
@@ -358,7 +359,8 @@ def test_an_mps_class_needs_dra_mps() -> None:
         ),
         (
             {"sharingClasses": [{"name": "x", "sharing": {"strategy": "MPS", "replicas": 2}}]},
-            "- at '/dra/sharingClasses/0/sharing': additional properties 'replicas' not allowed",
+            "Unknown value 'dra.sharingClasses[0].sharing.replicas'. "
+            "Keys under 'dra.sharingClasses[0].sharing': mpsConfig, strategy, timeSlicingConfig.",
         ),
         ({"mps": "yes"}, "- at '/dra/mps': got string, want boolean"),
     ],

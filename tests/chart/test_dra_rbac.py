@@ -1,8 +1,8 @@
-"""The DRA plugin's least privilege in the chart: claims' status (and 1.36's resourceclaims/driver) only
-where a node may run migStrategy dynamic, with the admission policy that narrows it to this driver's
-entries of claims on the plugin's own node; no pod list (the kubelet's pod-resources API answers which
-pods use the GPUs); Events only created; the device plugin's Node Events through a Role in the one
-namespace they are written in."""
+"""The DRA plugin's least privilege in the chart: claims' status (and 1.36's resourceclaims/driver), for
+what each prepared device is, with the admission policy that narrows it to this driver's entries of
+claims on the plugin's own node, whatever the config entries; no pod list (the kubelet's pod-resources
+API answers which pods use the GPUs); Events only created; the device plugin's Node Events through a
+Role in the one namespace they are written in."""
 
 from __future__ import annotations
 
@@ -38,12 +38,12 @@ def status_policy(rendered: Rendered) -> Manifest | None:
     return found[0] if found else None
 
 
-# -- claims' status: only under migStrategy dynamic --------------------------------------------------
+# -- claims' status: every prepared claim's, whatever the entries --------------------------------------
 
 DYNAMIC_CASES: dict[str, tuple[dict[str, Any], bool]] = {
-    "no config": ({}, False),
-    "an entry without MIG": ({"config": {"map": {"plain": "version: v1\n"}}}, False),
-    "an entry with migStrategy mixed": ({"config": {"map": {"mixed": MIXED}}}, False),
+    "no config": ({}, True),
+    "an entry without MIG": ({"config": {"map": {"plain": "version: v1\n"}}}, True),
+    "an entry with migStrategy mixed": ({"config": {"map": {"mixed": MIXED}}}, True),
     "an entry with migStrategy dynamic": ({"config": {"map": {"mig": DYNAMIC, "plain": "version: v1\n"},
                                                       "default": "plain"}}, True),
     "an entry as a map (values file)": ({"config": {"map": {"mig": {
@@ -54,7 +54,7 @@ DYNAMIC_CASES: dict[str, tuple[dict[str, Any], bool]] = {
 
 
 @pytest.mark.parametrize("case", list(DYNAMIC_CASES))
-def test_claim_status_is_granted_only_where_dynamic_mig_is_possible(case: str) -> None:
+def test_claim_status_is_granted_with_its_admission_policy_whatever_the_entries(case: str) -> None:
     values, dynamic = DYNAMIC_CASES[case]
     rendered = dra(values)
     rules = dra_rules(rendered)

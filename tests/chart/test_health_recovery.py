@@ -197,8 +197,6 @@ def test_a_flap_limit_below_one_is_refused_naming_the_value_and_the_fix(flap_lim
         (health(stateDir="run/nvdp"),
          "- at '/devicePlugin/healthRecovery/stateDir': 'run/nvdp' does not match pattern '^(/.*)?$'"),
         (health(after=True), "- at '/devicePlugin/healthRecovery/after': got boolean, want number or string"),
-        (health(afterwards="5m"),
-         "- at '/devicePlugin/healthRecovery': additional properties 'afterwards' not allowed"),
     ],
 )  # fmt: skip
 def test_the_values_schema_refuses_wrong_types_and_relative_dirs(

@@ -41,6 +41,9 @@ SETS: dict[str, dict[str, Any]] = {
         "dra": {"enabled": True}, "gfd": {"enabled": True},
         "config": {"map": {"dra": "version: v1\nflags:\n  mode: dra\n", "classic": DEVICE_PLUGIN_MODE},
                    "default": "dra"}},
+    "usage metrics": {"metrics": {"enabled": True, "usage": {"enabled": True}}},
+    "usage metrics in DRA mode": {"dra": {"enabled": True},
+                                  "metrics": {"enabled": True, "usage": {"enabled": True}}},
 }
 
 # DaemonSet name suffix -> the pod's name in the table.
@@ -78,9 +81,11 @@ KUBELET = "/var/lib/kubelet/device-plugins"
 HEALTH = "/run/nvidia/nvdp"
 MPS = ("/run/nvidia/mps", "/run/nvidia/mps/shm")
 PLUGIN_BASE = frozenset({KUBELET, HEALTH})
-MPS_DAEMON = Rights(privileged=frozenset({"mps-control-daemon-mounts", "mps-control-daemon-ctr"}),
-                    host=frozenset({"host PID"}), written=frozenset(MPS))
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+# mps.upgrade whenIdle (the default): a new MPS daemon pod asks the kubelet's pod-resources socket
+# (read-only) which pods use MPS, and takes over only once none does.
+MPS_DAEMON = Rights(privileged=frozenset({"mps-control-daemon-mounts", "mps-control-daemon-ctr"}),
+                    host=frozenset({"host PID"}), written=frozenset(MPS), read=frozenset({POD_RESOURCES}))
 # Node Events through a Role in the default namespace (where they live), created only.
 NODE_CONFIG_RULES = rules("nodes: get list watch", "events: create")
 GFD = Rights(read=frozenset({HEALTH}), token=True,
@@ -93,15 +98,15 @@ DRA = Rights(
     written=frozenset({"/var/lib/kubelet/plugins/gpu.nvidia.com", "/var/lib/kubelet/plugins_registry",
                        "/var/run/cdi", HEALTH, DRA_MPS_DIR}),
     read=frozenset({"/var/lib/kubelet/pod-resources", "/usr/bin/nvidia-ctk"}), token=True,
+    # Claims' status: what each prepared device is (its UUID, for monitoring), this driver's entries of
+    # claims on its own node only (the admission policy); Kubernetes 1.36 checks resourceclaims/driver.
     rules=rules("resourceclaims: get list watch", "resourceslices: get list watch create update delete",
-                "nodes: get list watch", "events: create"),
+                "nodes: get list watch", "events: create", "resourceclaims/status: patch",
+                "resourceclaims/driver: associated-node:patch"),
 )
 # The daemons of DRA claims: privileged (compute mode, the tmpfs), host PID, no token.
 DRA_MPS = Rights(privileged=frozenset({"dra-mps-mount-shm", "dra-mps-ctr"}), host=frozenset({"host PID"}),
                  written=frozenset({DRA_MPS_DIR, f"{DRA_MPS_DIR}/shm"}))
-# migStrategy dynamic: the UUID of a MIG device made for a claim goes into the claim's status.
-DRA_DYNAMIC_MIG = Rights(**{**DRA.__dict__, "rules": DRA.rules | rules(
-    "resourceclaims/status: patch", "resourceclaims/driver: associated-node:patch")})
 
 EXPECTED: dict[str, dict[str, Rights]] = {
     # No config, no API access, no capability: the kubelet's folder and the health file only.
@@ -115,13 +120,15 @@ EXPECTED: dict[str, dict[str, Rights]] = {
                                     read=frozenset({"/run/nvidia/driver", HOOK}))},
     "GFD": {"device plugin": Rights(written=PLUGIN_BASE), "GFD": GFD},
     "DRA": {"DRA plugin": DRA, "DRA MPS daemon": DRA_MPS},
-    "DRA with dynamic MIG": {"DRA plugin": DRA_DYNAMIC_MIG, "DRA MPS daemon": DRA_MPS},
+    # A MIG device made for a claim goes into its status as every device does: no right of its own.
+    "DRA with dynamic MIG": {"DRA plugin": DRA, "DRA MPS daemon": DRA_MPS},
     # The label chooses: Node reads and Events for both pods; the MIG entry adds SYS_ADMIN.
     "per-node entries": {
         "device plugin": Rights(capabilities=frozenset({"SYS_ADMIN"}), written=PLUGIN_BASE | set(MPS),
                                 token=True, rules=NODE_CONFIG_RULES),
         "MPS daemon": Rights(privileged=MPS_DAEMON.privileged, host=MPS_DAEMON.host,
-                             written=MPS_DAEMON.written, token=True, rules=NODE_CONFIG_RULES),
+                             written=MPS_DAEMON.written, read=MPS_DAEMON.read, token=True,
+                             rules=NODE_CONFIG_RULES),
     },
     # The node label may switch a node's mode: which pods use the GPUs from the kubelet's pod-resources
     # socket (read-only), never a pods list; the device plugin reads the DRA plugin's slices it waits on.
@@ -130,6 +137,16 @@ EXPECTED: dict[str, dict[str, Rights]] = {
                                 rules=NODE_CONFIG_RULES | rules("resourceslices: list")),
         "GFD": Rights(read=frozenset({HEALTH, POD_RESOURCES}), token=True, rules=GFD.rules),
         "DRA plugin": DRA,
+        "DRA MPS daemon": DRA_MPS,
+    },
+    # Per-pod GPU usage: the host's PIDs (whose a process on a GPU is, from its cgroup), and for the
+    # device plugin the kubelet's pod-resources socket (read-only); the kubelet's device checkpoint is
+    # in the folder it has anyway, the DRA plugin reads the claims it may read already.
+    "usage metrics": {"device plugin": Rights(host=frozenset({"host PID"}), written=PLUGIN_BASE,
+                                              read=frozenset({POD_RESOURCES}))},
+    "usage metrics in DRA mode": {
+        "DRA plugin": Rights(privileged=DRA.privileged, host=frozenset({"host PID"}), written=DRA.written,
+                             read=DRA.read, token=True, rules=DRA.rules),
         "DRA MPS daemon": DRA_MPS,
     },
 }

@@ -111,11 +111,21 @@ def test_probes_hit_the_plugins_health_port() -> None:
 
 @pytest.mark.parametrize("values", [
     {"metrics": {"enabled": True, "port": 19445, "mpsPort": 19446}, "probes": {"port": 19447},
-     "devicePlugin": {"enableHostNetwork": True}, "mps": {"enabled": True, "enableHostNetwork": True}},
+     "devicePlugin": {"enableHostNetwork": True},
+     "mps": {"enabled": True, "enableHostNetwork": True, "upgrade": "immediately"}},
     {"metrics": {"enabled": True}, "probes": {"enabled": False}},
 ], ids=["host-network-custom-ports", "metrics-without-probes"])
 def test_variants_are_valid(values: dict[str, Any]) -> None:
     assert_valid(kubernetes_objects(render(values)), EDGE_VERSIONS)
+
+
+def test_a_waiting_surge_of_mps_daemons_on_the_host_network_is_refused_naming_the_port() -> None:
+    from chart_helm import render_error
+
+    problem = render_error({"metrics": {"enabled": True, "mpsPort": 19446},
+                           "mps": {"enabled": True, "enableHostNetwork": True}})
+    assert "'mps.upgrade' is whenIdle" in problem and "port 19446" in problem
+    assert "mps.enableHostNetwork=false" in problem and "mps.upgrade=immediately" in problem
 
 
 @pytest.mark.parametrize(("values", "field"), [

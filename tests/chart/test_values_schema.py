@@ -8,7 +8,7 @@ from typing import Any
 
 import chart_schema_sync
 import pytest
-from chart_helm import CHART_DIR, render, render_error
+from chart_helm import CHART_DIR, merge_values, render, render_error
 
 SCHEMA_ERROR = (
     "values don't meet the specifications of the schema(s) in the following chart(s):\n"
@@ -19,20 +19,12 @@ SCHEMA_ERROR = (
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        (
-            {"migStrategy": "double"},
-            "- at '/migStrategy': value must be one of 'none', 'single', 'mixed', <nil>",
-        ),
+        ({"migStrategy": 2}, "- at '/migStrategy': got number, want null or string"),
         ({"failOnInitError": "yes"}, "- at '/failOnInitError': got string, want null or boolean"),
         ({"compatWithCPUManager": 1}, "- at '/compatWithCPUManager': got number, want null or boolean"),
         ({"image": {"tag": 1}}, "- at '/image/tag': got number, want string"),
         ({"tolerations": {"key": "x"}}, "- at '/tolerations': got object, want null or array"),
         ({"mps": {"root": "run/mps"}}, "- at '/mps/root': 'run/mps' does not match pattern '^/.+'"),
-        ({"unknownKey": 1}, "- at '': additional properties 'unknownKey' not allowed"),
-        (
-            {"devicePlugin": {"kubeletRoot": "/x"}},
-            "- at '/devicePlugin': additional properties 'kubeletRoot' not allowed",
-        ),
         (
             {"config": {"fallbackStrategies": ["nearest"]}},
             "- at '/config/fallbackStrategies/0': value must be one of 'named', 'single', 'empty'",
@@ -111,13 +103,14 @@ def test_non_string_non_object_entry_is_refused() -> None:
         (
             "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replica: 2\n",
             'config.map.cfg: unknown key "replica" under "sharing.mps.resources[0]". '
-            "Known keys there: devices, name, rename, replicas.",
+            "Known keys there: devices, name, rename, replicas, strictShares.",
         ),
         (
             "version: v1\nsharing:\n  mps:\n    resources:\n    - name: a\n      replicas: 2\n"
             "    - name: b\n      Replicas: 2\n",
             'config.map.cfg: unknown key "Replicas" under "sharing.mps.resources[1]". Did you mean '
-            "sharing.mps.resources[1].replicas? Known keys there: devices, name, rename, replicas.",
+            "sharing.mps.resources[1].replicas? Known keys there: devices, name, rename, replicas, "
+            "strictShares.",
         ),
         (
             "version: v1\nsharing:\n  mps:\n    resources:\n    - name: a\n      replicas: 2\n"
@@ -174,6 +167,99 @@ def test_validation_failures_name_the_value_and_the_fix(
     values: dict[str, Any], namespace: str, message: str
 ) -> None:
     assert message in render_error(values, namespace=namespace)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        # A typo: a letter swapped, left out, added or changed.
+        ({"dra": {"enabeld": True}},
+         "Unknown value 'dra.enabeld'. Did you mean 'dra.enabled'? Keys under 'dra': "),
+        ({"devicePlugn": {}}, "Unknown value 'devicePlugn'. Did you mean 'devicePlugin'? Top-level values: "),
+        ({"image": {"tags": "x"}},
+         "Unknown value 'image.tags'. Did you mean 'image.tag'? "
+         "Keys under 'image': pullPolicy, repository, tag."),
+        ({"probes": {"liveness": {"periodSecond": 3}}},
+         "Unknown value 'probes.liveness.periodSecond'. Did you mean 'probes.liveness.periodSeconds'?"),
+        # The wrong case, or the right key in the wrong section.
+        ({"dra": {"Enabled": True}}, "Unknown value 'dra.Enabled'. Did you mean 'dra.enabled'?"),
+        ({"dra": {"root": "/run/mps"}}, "Unknown value 'dra.root'. Did you mean 'mps.root'?"),
+        ({"devicePlugin": {"migStrategy": "mixed"}},
+         "Unknown value 'devicePlugin.migStrategy'. Did you mean 'migStrategy'?"),
+        # In a list item, with the user's index; keys of other sections are not offered there.
+        ({"dra": {"sharingClasses": [{"name": "a.b", "sharing": {"strategy": "MPS"}},
+                                     {"name": "c.d", "selectr": "true", "sharing": {"strategy": "MPS"}}]}},
+         "Unknown value 'dra.sharingClasses[1].selectr'. Did you mean 'dra.sharingClasses[1].selector'?"),
+        ({"dra": {"sharingClasses": [
+            {"name": "a.b", "sharing": {"strategy": "TimeSlicing", "Interval": "Long"}}]}},
+         "Did you mean 'dra.sharingClasses[0].sharing.timeSlicingConfig.interval'?"),
+        # Several keys equally near: all of them.
+        ({"enabled": True},
+         "Unknown value 'enabled'. Did you mean one of 'devicePlugin.enabled', 'dra.enabled', "),
+        # Nothing near: the keys there are.
+        ({"unknownKey": 1},
+         "Unknown value 'unknownKey'. Top-level values: affinity, allowDefaultNamespace, "),
+        ({"devicePlugin": {"healthRecovery": {"afterwards": "5m"}}},
+         "Unknown value 'devicePlugin.healthRecovery.afterwards'. Keys under 'devicePlugin.healthRecovery': "
+         "after, flapLimit, stateDir. Keys are case-sensitive; values.yaml describes each one."),
+    ],
+)  # fmt: skip
+def test_unknown_keys_are_refused_with_the_key_meant(values: dict[str, Any], message: str) -> None:
+    error = render_error(values)
+    assert not error.startswith(SCHEMA_ERROR)
+    assert message in error
+
+
+def test_every_section_refuses_unknown_keys() -> None:
+    """The key lists cover every section of the schema, list items included."""
+    import chart_values
+
+    # What the schema requires of a list item, so that the unknown key is what is refused.
+    required_in_item = {"dra.sharingClasses[]": {"name": "a.b", "sharing": {"strategy": "TimeSlicing"}}}
+    for section in chart_values.value_key_paths(chart_values.load_schema()):
+        values: Any = {"zzUnknown": 1}
+        shown = section.replace("[]", "[0]")
+        parts = section.split(".") if section else []
+        for depth in range(len(parts), 0, -1):
+            part = parts[depth - 1]
+            if part.endswith("[]"):
+                item = merge_values(required_in_item[".".join(parts[:depth])], values)
+                values = {part[:-2]: [item]}
+            else:
+                values = {part: values}
+        assert f"Unknown value '{shown + '.' if shown else ''}zzUnknown'." in render_error(values), section
+
+
+def test_unknown_keys_inside_free_form_values_are_left_alone() -> None:
+    rendered = render({"nfd": {"anything": {"goes": 1}}, "podAnnotations": {"example.com/x": "y"},
+                       "affinity": {"podAntiAffinity": {}}})  # fmt: skip
+    assert "nvdp-nvidia-device-plugin" in rendered.daemonsets()
+
+
+def test_mig_strategy_dynamic_says_where_dynamic_mig_is_set() -> None:
+    error = render_error({"migStrategy": "dynamic"})
+    assert not error.startswith(SCHEMA_ERROR)
+    assert "'migStrategy' is \"dynamic\", which it does not take" in error
+    assert "flags.migStrategy" in error
+    fix = (
+        "--set dra.enabled=true --set config.map.dynamic-mig.version=v1 "
+        "--set config.map.dynamic-mig.flags.migStrategy=dynamic"
+    )
+    assert fix in error
+    # The fix it gives installs.
+    entry = {"version": "v1", "flags": {"migStrategy": "dynamic"}}
+    rendered = render(
+        {"dra": {"enabled": True}, "config": {"map": {"dynamic-mig": entry}}}, kube_version="v1.36.0"
+    )
+    assert "nvdp-nvidia-device-plugin-dra-plugin" in rendered.daemonsets()
+
+
+@pytest.mark.parametrize("strategy", ["double", "", "Mixed"])
+def test_other_mig_strategies_are_refused_naming_the_valid_ones(strategy: str) -> None:
+    assert (
+        f"'migStrategy' is \"{strategy}\", but it must be none, single or mixed (MIG_STRATEGY)"
+        in render_error({"migStrategy": strategy})
+    )
 
 
 @pytest.mark.parametrize(

@@ -85,12 +85,9 @@ the part after '/' must be at most 63 letters, digits, '-', '_' or '.', starting
 {{- end }}
 
 {{/*
-"true" when a node may run the DRA plugin with flags.migStrategy dynamic, the one case in which it
-writes claims' status (the UUID of the MIG device a prepare made, in the claim's status.devices): an
-inline config entry that sets it, or an existing ConfigMap (config.name), whose entries the chart
-cannot read and so counts as "maybe". Only then is resourceclaims/status granted (rbac-dra.yaml), with
-the admission policy that confines it to this driver's entries of claims on the plugin's own node
-(admissionpolicy-dra.yaml).
+"true" when a node may run the DRA plugin with flags.migStrategy dynamic: an inline config entry that
+sets it, or an existing ConfigMap (config.name), whose entries the chart cannot read and so counts as
+"maybe" (the scheduler's cost warning in NOTES.txt).
 */}}
 {{- define "nvidia-device-plugin.draDynamicMigPossible" -}}
 {{- if .Values.dra.enabled -}}

@@ -67,18 +67,110 @@ helm.sh/chart: {{ include "nvidia-device-plugin.chart" . }}
 {{ include "nvidia-device-plugin.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with include "nvidia-device-plugin.simulatedGpusLabel" . }}{{ . | nindent 0 }}{{ end }}
+{{- end -}}
+
+{{/*
+unsupported.simulatedGpus (clusters without GPUs only): the stand-in images "<repository>-sim", which
+scripts/build-images.sh --stand-ins, scripts/kit_images.py --stand-ins and the end-to-end suite build
+with every node profile, the environment that shows each of their containers the profile named
+(simulatedGpusEnv), and a label on every object and pod that says so. Nothing of it renders when the
+value is empty.
+*/}}
+{{- define "nvidia-device-plugin.simulatedGpusLabel" -}}
+{{- with .Values.unsupported.simulatedGpus -}}
+unsupported-simulated-gpus: {{ . | quote }}
+{{- end -}}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.standInSuffix" -}}
+{{- if .Values.unsupported.simulatedGpus }}-sim{{ end -}}
+{{- end -}}
+
+{{/* Env entries for every container of a stand-in image: the profile its stand-in NVML reads and the
+sysfs tree the inventory reads its GPUs' NUMA nodes from, where the stand-in images keep each profile
+(scripts/kit_images.py profile_env, tests/e2e/Dockerfile.sim). A name the images lack: NVML does not
+initialise and the stand-in says so in the pod's log. */}}
+{{- define "nvidia-device-plugin.simulatedGpusEnv" -}}
+{{- with .Values.unsupported.simulatedGpus -}}
+- name: NVML_SIM_PROFILE
+  value: {{ printf "/opt/nvml-sim/profiles/%s/profile.json" . | quote }}
+- name: NVDP_SYSFS_ROOT
+  value: {{ printf "/opt/nvml-sim/profiles/%s/sys" . | quote }}
+{{- end -}}
 {{- end -}}
 
 {{- define "nvidia-device-plugin.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- printf "%s%s:%s" .Values.image.repository (include "nvidia-device-plugin.standInSuffix" .) (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
 {{- define "nvidia-device-plugin.mpsImage" -}}
-{{- printf "%s:%s" .Values.mpsImage.repository (default .Chart.AppVersion .Values.mpsImage.tag) -}}
+{{- printf "%s%s:%s" .Values.mpsImage.repository (include "nvidia-device-plugin.standInSuffix" .) (default .Chart.AppVersion .Values.mpsImage.tag) -}}
+{{- end -}}
+
+{{/* The helm test pod's image: tests.image, or with simulated GPUs the plugin's stand-in image, whose
+nvidia-smi -L lists the simulated GPUs. */}}
+{{- define "nvidia-device-plugin.testImage" -}}
+{{- if .Values.unsupported.simulatedGpus -}}
+{{- include "nvidia-device-plugin.image" . -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.tests.image.repository .Values.tests.image.tag -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "nvidia-device-plugin.mpsImagePullPolicy" -}}
 {{- default .Values.image.pullPolicy .Values.mpsImage.pullPolicy -}}
+{{- end -}}
+
+{{/*
+How both MPS DaemonSets roll (mps.upgrade). whenIdle: a surge, in which the new pod waits beside the old
+one and turns Ready only once no pod of its node uses MPS (nvdp.mps.handover), so that the DaemonSet
+controller retires the old pod, and its MPS servers, only then. immediately: the chart's updateStrategy.
+*/}}
+{{- define "nvidia-device-plugin.mpsUpdateStrategy" -}}
+{{- if eq .Values.mps.upgrade "whenIdle" }}
+type: RollingUpdate
+rollingUpdate:
+  maxSurge: 1
+  maxUnavailable: 0
+{{- else if .Values.updateStrategy }}
+{{- toYaml .Values.updateStrategy }}
+{{- end }}
+{{- end -}}
+
+{{/* The MPS daemon of device-plugin mode asks the kubelet which pods use MPS (a surge waits for them) and
+which pods use the node's GPUs (a mode switch waits for them). */}}
+{{- define "nvidia-device-plugin.mpsAsksKubelet" -}}
+{{- if or (eq .Values.mps.upgrade "whenIdle") (include "nvidia-device-plugin.modeSwitchAsksKubelet" .) }}true{{ end -}}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.mpsReadyFile" -}}
+/tmp/mps-daemon-ready
+{{- end -}}
+
+{{/* The MPS daemon container's turn on its node: its pod's name for the waiting record, and the file
+its readiness probe tests (present while it runs the node's daemons, or waits on an idle node). */}}
+{{- define "nvidia-device-plugin.mpsHandoverEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: MPS_READY_FILE
+  value: {{ include "nvidia-device-plugin.mpsReadyFile" . | quote }}
+{{- end -}}
+
+{{- define "nvidia-device-plugin.mpsReadinessProbe" -}}
+# Ready while this pod runs the node's MPS daemons, or while it waits to take over and nothing on the
+# node uses MPS: during a surge (mps.upgrade whenIdle) the old pod is retired only then. Otherwise the
+# probe prints which pods it waits for, which the kubelet records in the pod's Unhealthy Event.
+readinessProbe:
+  exec:
+    command:
+      - sh
+      - -c
+      - {{ printf "test -e %s || { cat %s.why 2>/dev/null; exit 1; }" (include "nvidia-device-plugin.mpsReadyFile" .) (include "nvidia-device-plugin.mpsReadyFile" .) | quote }}
+  periodSeconds: 2
+  failureThreshold: 1
 {{- end -}}
 
 {{/*

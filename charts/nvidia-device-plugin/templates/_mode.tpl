@@ -77,7 +77,7 @@ between config entries. It then asks the kubelet's pod-resources API which pods 
 {{- end -}}
 
 {{- define "nvidia-device-plugin.podResourcesMount" -}}
-# The kubelet's pod-resources API: which pods use this node's GPUs (a mode switch waits for them).
+# The kubelet's pod-resources API: which pods use this node's GPUs (a mode switch, and an MPS daemon upgrade, wait for them).
 - name: pod-resources
   mountPath: {{ include "nvidia-device-plugin.podResourcesDir" . }}
   readOnly: true

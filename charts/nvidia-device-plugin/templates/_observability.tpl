@@ -3,11 +3,23 @@ Metrics and probes. Everything here renders nothing while metrics.enabled and pr
 false, so the DaemonSets stay as they were without them.
 */}}
 
+{{/*
+"true" when both plugins serve the usage series (metrics.usage.enabled, with metrics.enabled): they
+then run in the host's PID namespace, to find the pod of each process on a GPU from its cgroup.
+*/}}
+{{- define "nvidia-device-plugin.usageMetrics" -}}
+{{- if and .Values.metrics.enabled .Values.metrics.usage.enabled -}}true{{- end -}}
+{{- end -}}
+
 {{/* The plugin container's environment: where it serves /metrics and the probes. */}}
 {{- define "nvidia-device-plugin.observability.pluginEnv" -}}
 {{- if .Values.metrics.enabled }}
 - name: METRICS_ADDRESS
   value: {{ printf ":%v" .Values.metrics.port | quote }}
+{{- end }}
+{{- if include "nvidia-device-plugin.usageMetrics" . }}
+- name: USAGE_METRICS
+  value: "true"
 {{- end }}
 {{- if .Values.probes.enabled }}
 - name: HEALTH_ADDRESS
