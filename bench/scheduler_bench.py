@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from nvdp.config.loader import load_config_text  # noqa: E402
 from nvdp.dra.pool.contents import pool_devices  # noqa: E402
@@ -59,6 +59,7 @@ from nvdp.dra.pool.names import DEFAULT_DRIVER  # noqa: E402
 from nvdp.dra.pool.slices import desired_slices, slice_name  # noqa: E402
 from nvdp.inventory.model import Inventory  # noqa: E402
 from nvdp.inventory.profile import inventory_from_profile  # noqa: E402
+from sim.apiserver import make_pki  # noqa: E402
 
 K8S_DIR = Path(os.environ.get("K8S_DIR", "/tmp/nvdp-k8s"))
 ASSETS = Path(os.environ.get("KUBEBUILDER_ASSETS") or K8S_DIR / "assets" / "bin")
@@ -161,32 +162,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def make_pki(directory: Path) -> None:
-    """A CA, the API server's serving certificate, an admin client certificate, the service-account key."""
-    directory.mkdir(parents=True)
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-             "-subj", "/CN=scheduler-bench-ca", cwd=directory)
-    signed = {
-        "apiserver": ("/CN=kube-apiserver",
-                      "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n"),
-        "admin": ("/O=system:masters/CN=scheduler-bench-admin", "extendedKeyUsage=clientAuth\n"),
-    }
-    for name, (subject, ext) in signed.items():
-        (directory / f"{name}.ext").write_text("basicConstraints=CA:FALSE\n" + ext)
-        _openssl("req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject,
-                 cwd=directory)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt",
-                 cwd=directory)
-    _openssl("genrsa", "-out", "sa.key", "2048", cwd=directory)
-    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
 
 
 def proc_cpu_s(pid: int) -> float:

@@ -72,7 +72,8 @@ def test_entry_points_are_the_products_commands(wheel: Path) -> None:
     for script, target in scripts.items():
         module = target.split(":")[0]
         path = module.replace(".", "/")
-        assert {f"{path}.py", f"{path}/__init__.py"} & names, f"{script} -> {target}: not a module of the wheel"
+        found = {f"{path}.py", f"{path}/__init__.py"} & names
+        assert found, f"{script} -> {target}: not a module of the wheel"
         assert not set(module.split(".")) & TOOL_MODULES, f"{script} runs a test tool ({target})"
 
 

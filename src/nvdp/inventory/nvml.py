@@ -12,6 +12,7 @@ import itertools
 import os
 import re
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -285,15 +286,20 @@ def _mig_mode(handle: Any) -> tuple[bool, bool]:
     return True, current == pynvml.NVML_DEVICE_MIG_ENABLE
 
 
-def read_mig_devices(parent_index: int, parent_uuid: str, handle: Any) -> tuple[MigDevice, ...]:
-    devices: list[MigDevice] = []
+def mig_device_handles(handle: Any) -> Iterator[tuple[int, Any]]:
+    """(slot, handle) of each MIG device present on the GPU `handle`."""
     for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
         try:
-            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+            yield j, pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
         except pynvml.NVMLError as e:
             if e.value == pynvml.NVML_ERROR_NOT_FOUND:
                 continue  # an empty slot: MIG devices need not be numbered densely
             raise
+
+
+def read_mig_devices(parent_index: int, parent_uuid: str, handle: Any) -> tuple[MigDevice, ...]:
+    devices: list[MigDevice] = []
+    for j, mig in mig_device_handles(handle):
         name = _text(pynvml.nvmlDeviceGetName(mig))
         gi_id = int(pynvml.nvmlDeviceGetGpuInstanceId(mig))
         gi_profile_id, placement_start, placement_size = _gpu_instance(handle, gi_id)

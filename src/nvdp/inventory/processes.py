@@ -20,7 +20,7 @@ from typing import Any
 import pynvml
 from msgspec import Struct
 
-from nvdp.inventory.nvml import error_name
+from nvdp.inventory.nvml import error_name, mig_device_handles
 
 # How far back a utilization sample counts: about two of Prometheus' usual scrape intervals, so that a
 # process busy in the last moments is not read as idle, and one that stopped a while ago is.
@@ -73,13 +73,7 @@ def read_processes(window_s: float = UTILIZATION_WINDOW_S,
 
 def _mig_devices(handle: Any, gpu_uuid: str, unreadable: list[str]) -> list[DeviceProcesses]:
     found: list[DeviceProcesses] = []
-    for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-        try:
-            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
-        except pynvml.NVMLError as e:
-            if e.value == pynvml.NVML_ERROR_NOT_FOUND:
-                continue  # an empty slot
-            raise
+    for j, mig in mig_device_handles(handle):
         uuid = f"MIG device {j} of {gpu_uuid}"
         try:
             uuid = _text(pynvml.nvmlDeviceGetUUID(mig))

@@ -32,7 +32,7 @@ import msgspec
 from msgspec import Struct
 
 from nvdp.config.names import node_name
-from nvdp.mps.status import read_small, replace_file
+from nvdp.mps.status import read_record, replace_file
 
 HOLDER_LOCK = "holder.lock"
 SUCCESSOR_LOCK = "successor.lock"
@@ -87,23 +87,11 @@ class HolderRecord(Struct, frozen=True):
 
 
 def read_wait(base: Path) -> UpgradeWait | None:
-    raw = read_small(base / WAIT_FILE, MAX_BYTES)
-    if raw is None:
-        return None
-    try:
-        return msgspec.json.decode(raw, type=UpgradeWait)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return None
+    return read_record(base / WAIT_FILE, UpgradeWait, MAX_BYTES)
 
 
 def read_holder(base: Path) -> HolderRecord | None:
-    raw = read_small(base / HOLDER_FILE, MAX_BYTES)
-    if raw is None:
-        return None
-    try:
-        return msgspec.json.decode(raw, type=HolderRecord)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return None
+    return read_record(base / HOLDER_FILE, HolderRecord, MAX_BYTES)
 
 
 def _try_lock(path: Path) -> int | None:

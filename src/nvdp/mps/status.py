@@ -13,9 +13,12 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Literal, cast
+from typing import Literal, TypeVar, cast
 
+import msgspec
 from msgspec import Struct
+
+R = TypeVar("R")
 
 State = Literal["starting", "ready", "failing", "stopped"]
 STATES: tuple[State, ...] = ("starting", "ready", "failing", "stopped")
@@ -59,6 +62,18 @@ def read_small(path: Path, max_bytes: int) -> bytes | None:
     except OSError:
         return None
     return raw if len(raw) <= max_bytes else None
+
+
+def read_record(path: Path, kind: type[R], max_bytes: int) -> R | None:
+    """The msgspec record `kind` in a small file; None when the file is missing, over `max_bytes` or not
+    such a record (a half-written or foreign file is never ours to judge)."""
+    raw = read_small(path, max_bytes)
+    if raw is None:
+        return None
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
 
 
 def write_status(path: Path, state: State, error: str | None = None) -> None:

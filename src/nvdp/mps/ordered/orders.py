@@ -28,7 +28,7 @@ import msgspec
 from msgspec import Struct
 
 from nvdp.mps.commands import MpsSettings
-from nvdp.mps.status import read_small, replace_file
+from nvdp.mps.status import read_record, replace_file
 
 T = TypeVar("T")
 
@@ -89,14 +89,7 @@ def remove_order(root: Path, driver: str, resource_name: str) -> None:
 
 
 def _read(path: Path, kind: type[T]) -> T | None:
-    """The record in a small file, or None when the file is missing, too large or not such a record."""
-    raw = read_small(path, MAX_BYTES)
-    if raw is None:
-        return None
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return None
+    return read_record(path, kind, MAX_BYTES)
 
 
 def read_order(path: Path) -> DaemonOrder | None:
