@@ -251,9 +251,11 @@ def mps_pods(release: Release) -> dict[str, bool]:
 
 
 def test_an_upgrade_of_the_mps_image_waits_for_the_claims_pods(cluster: Cluster, release: Release,
-                                                               host: HostSetup, timings: Timings) -> None:
+                                                               images: Images, host: HostSetup,
+                                                               timings: Timings) -> None:
     """mps.upgrade whenIdle (the default): the new dra-mps pod starts beside the old one and waits, not
-    Ready, while MPS claims run; the old daemon keeps serving them; an Event names what it waits for."""
+    Ready, while MPS claims run; the old daemon keeps serving them, and new MPS claims made during the
+    upgrade (the DRA plugin rolls too) join it at their first prepare; an Event names what it waits for."""
     pid_file = f"{MPS_DAEMON_DIR}/pipe/nvidia-cuda-mps-control.pid"
     pid = host_file(cluster, pid_file)
     (old,) = mps_pods(release)
@@ -262,6 +264,19 @@ def test_an_upgrade_of_the_mps_image_waits_for_the_claims_pods(cluster: Cluster,
         "a second dra-mps pod, waiting", lambda: [n for n in mps_pods(release) if n != old] or None, 60,
         every=1, diagnose=lambda: release.logs("dra-mps"))
     timings.add(SCENARIO, "helm upgrade (no --wait) -> new dra-mps pod beside the old one", seconds)
+    joining = ["mps-c", "mps-d"]
+    for name in joining:  # while the DRA plugin surges and the new dra-mps pod waits
+        cluster.apply(pod(name, images.plugin, "mps-small"))
+        time.sleep(1)
+    for name in joining:
+        def ready(name: str = name) -> bool:
+            return phase(cluster, name) == "Ready"
+
+        cluster.wait_for(f"pod {name} Ready", ready, POD_READY_S, diagnose=diagnose(cluster, release, name))
+    events = cluster.kubectl_json("get", "events", "-n", NAMESPACE)["items"]
+    failed = [e for e in events if e.get("type") == "Warning" and "Prepare" in e.get("reason", "")
+              and e.get("involvedObject", {}).get("name") in joining]
+    assert failed == [], [e["message"] for e in failed]
     cluster.wait_for("the new pod to say what it waits for",
                      lambda: "has waited since" in cluster.logs(release.namespace, f"{release.selector},"
                                                                 "app.kubernetes.io/component=dra-mps", 400),

@@ -134,7 +134,8 @@ def test_a_dra_config_runs_the_dra_demo() -> None:
     assert "scheduler: simulated" in out
     assert "DRAPlugin gpu.nvidia.com on " in section(out, "Registration")
     slices = section(out, "ResourceSlices of node demo-t4")
-    assert re.search(r"^  gpu-0 +gpu +- +Tesla T4 +15\.0 GiB +nvidia\.com/gpu$", slices, re.MULTILINE), slices
+    row = r"^  gpu-0 +gpu +- +Tesla T4 +15\.0 GiB +nvidia\.com/gpu +0$"  # ... NUMA node 0
+    assert re.search(row, slices, re.MULTILINE), slices
     claim = section(out, "ResourceClaim default/demo-gpu")
     assert "CDI devices k8s.gpu.nvidia.com/claim=" in claim
     spec = section(out, "The claim's CDI spec")

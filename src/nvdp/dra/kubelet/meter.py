@@ -67,9 +67,11 @@ class Meter:
 
     def end(self, operation: str, started: float, causes: Sequence[str]) -> None:
         """The call that `begin` started is answered: each claim's cause, "" for a success."""
-        self._recorder.dra_in_flight(self._driver, operation, -len(causes))
-        self._recorder.dra_answered(self._driver, operation, time.monotonic() - started, causes)
+        seconds = time.monotonic() - started
+        # The devices first: a scrape that sees the request counted sees what it prepared or released.
         self.prepared_devices()
+        self._recorder.dra_in_flight(self._driver, operation, -len(causes))
+        self._recorder.dra_answered(self._driver, operation, seconds, causes)
 
     def prepared_devices(self) -> None:
         if self._prepared is None or not self._recorder.metrics_enabled:
