@@ -121,8 +121,10 @@ def test_deleting_the_pod_is_an_unprepare_request(cluster: Cluster, release: Rel
     delete_pod(cluster, "dram-a")
 
     def unprepared() -> Samples | None:
+        # Its own unprepare, not only a retried one of an earlier story's claim: the device released.
         samples = scrape(cluster, endpoint)
-        done = (value(samples, "nvidia_dra_requests_total", operation="unprepare") or 0) > before
+        done = (value(samples, "nvidia_dra_requests_total", operation="unprepare") or 0) > before and \
+            value(samples, "nvidia_dra_prepared_devices", node=cluster.node, device_type="gpu") == 0
         return samples if done else None
 
     samples, seconds = cluster.wait_for("the kubelet's unprepare in the metrics", unprepared, 60,
