@@ -17,14 +17,15 @@ RUNTIME_ENV = {
     "NVIDIA_VISIBLE_DEVICES",
     "NVIDIA_DRIVER_CAPABILITIES",
     "NVIDIA_MIG_MONITOR_DEVICES",
-    # Read by the MPS daemon's mount step (nvdp.mps.hostmount), not by the config loader.
+    # Read by the MPS daemon's mount step (nvdp.mps.node.hostmount), not by the config loader.
     "MPS_MOUNT_IN_HOST_NAMESPACE",
 }
 observe = pytest.importorskip("nvdp.daemon.report.observe")
 # Read by the processes themselves (where to serve metrics and probes), not by the config loader.
 PROCESS_ENV = {observe.METRICS_ADDRESS_ENV, observe.HEALTH_ADDRESS_ENV}
-# Read by the MPS daemon's turn on its node (nvdp.mps.handover) and its ask of the kubelet (nvdp.mps.work).
-handover = pytest.importorskip("nvdp.mps.handover")
+# Read by the MPS daemon's turn on its node (nvdp.mps.node.handover) and its ask of the kubelet
+# (nvdp.mps.work).
+handover = pytest.importorskip("nvdp.mps.node.handover")
 podresources = pytest.importorskip("nvdp.daemon.podresources")
 PROCESS_ENV |= {handover.READY_FILE_ENV, handover.POD_NAME_ENV, podresources.POD_RESOURCES_ENV}
 # Read by the per-node config settings (nvdp.daemon.pernode.nodeconfig.settings_from), which choose the entry.

@@ -1,5 +1,5 @@
 """mps.upgrade: how both MPS DaemonSets roll. whenIdle (default) is a surge in which the new pod turns
-Ready only once its node is idle (nvdp.mps.handover); immediately is the chart's updateStrategy."""
+Ready only once its node is idle (nvdp.mps.node.handover); immediately is the chart's updateStrategy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from chart_helm import Manifest, Rendered, container, env, render
 
-from nvdp.mps.handover import POD_NAME_ENV, READY_FILE_ENV, WHY_SUFFIX
+from nvdp.mps.node.handover import POD_NAME_ENV, READY_FILE_ENV, WHY_SUFFIX
 
 MPS_ENTRY = "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n"
 DEVICE_PLUGIN_MPS = {"config": {"map": {"config": MPS_ENTRY}}}

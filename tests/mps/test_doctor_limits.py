@@ -111,7 +111,7 @@ def test_dra_mode_a_failing_daemon_fails_with_its_error_and_its_limits(tmp_path:
 
 
 def test_a_waiting_upgrade_of_the_mps_daemon_names_its_pods_in_either_mode(tmp_path: Path) -> None:
-    from nvdp.mps.handover import Handover, Users
+    from nvdp.mps.node.handover import Handover, Users
 
     node = inventory(gpu(0))
     env = {"MPS_CONTAINER_ROOT": str(tmp_path), "KUBELET_REGISTRAR_DIR": str(tmp_path / "registry"),

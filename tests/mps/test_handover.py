@@ -1,5 +1,6 @@
-"""The turn of an MPS daemon pod on its node (nvdp.mps.handover): one holder runs the daemons, a successor
-waits beside it, Ready only while nothing uses MPS, and takes over the moment the holder's process ends."""
+"""The turn of an MPS daemon pod on its node (nvdp.mps.node.handover): one holder runs the daemons, a
+successor waits beside it, Ready only while nothing uses MPS, and takes over the moment the holder's
+process ends."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nvdp.daemon.pernode.mode import KubeletPod
-from nvdp.mps.handover import (
+from nvdp.mps.node.handover import (
     WAIT_FILE,
     Handover,
     Users,
@@ -98,7 +99,8 @@ def test_pods_using_names_only_the_pods_given_devices_of_the_mps_resources() -> 
 
 def _turn_in_a_process(base: Path, pod: str, users: str) -> subprocess.Popen[str]:
     """A process that takes its turn at `base` (users: "" idle, else one pod) and says how it went."""
-    script = ("import logging, time; from pathlib import Path; from nvdp.mps.handover import Handover, Users;"
+    script = ("import logging, time; from pathlib import Path;"
+              " from nvdp.mps.node.handover import Handover, Users;"
               f"h = Handover(Path({str(base)!r}), {pod!r},"
               f" lambda: Users(names=tuple(filter(None, [{users!r}]))), logging.getLogger('x'), None);"
               "print('holding' if h.take() else 'waiting', flush=True); time.sleep(60)")

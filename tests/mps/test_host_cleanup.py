@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.mps import host_setup, hostmount, main
+from nvdp.mps import main
 from nvdp.mps.commands import MpsGpu, MpsSettings
+from nvdp.mps.node import host_setup, hostmount
 from nvdp.mps.paths import ResourcePaths
 
 

@@ -90,7 +90,7 @@ def test_the_dra_driver_process_carries_out_orders_and_stops_on_sigterm(mps_root
 
 @pytest.mark.slow
 def test_a_new_pod_waits_while_claims_use_the_daemon_then_takes_over_the_same_state(mps_root: Path) -> None:
-    """mps.upgrade whenIdle: the new pod of a surge starts beside the old one (nvdp.mps.handover)."""
+    """mps.upgrade whenIdle: the new pod of a surge starts beside the old one (nvdp.mps.node.handover)."""
     node = MpsNode(mps_root)
     env = {**node.env, "MPS_PROBE_INTERVAL": str(PROBE_S)}
     argv = [sys.executable, "-m", "nvdp.mps.main", "--dra-driver", DRIVER]

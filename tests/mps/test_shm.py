@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nvdp.mps.shm import is_mounted, mount_shm_commands, shm_size
+from nvdp.mps.node.shm import is_mounted, mount_shm_commands, shm_size
 
 MEMINFO = "MemTotal:       131900756 kB\nMemFree:        100000000 kB\n"
 

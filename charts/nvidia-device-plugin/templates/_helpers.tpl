@@ -124,7 +124,7 @@ nvidia-smi -L lists the simulated GPUs. */}}
 
 {{/*
 How both MPS DaemonSets roll (mps.upgrade). whenIdle: a surge, in which the new pod waits beside the old
-one and turns Ready only once no pod of its node uses MPS (nvdp.mps.handover), so that the DaemonSet
+one and turns Ready only once no pod of its node uses MPS (nvdp.mps.node.handover), so that the DaemonSet
 controller retires the old pod, and its MPS servers, only then. immediately: the chart's updateStrategy.
 */}}
 {{- define "nvidia-device-plugin.mpsUpdateStrategy" -}}

@@ -45,10 +45,10 @@ class MpsChecks:
 
     def _upgrades_waiting(self) -> list[Finding]:
         """A new MPS daemon pod of this node that waits to take over (mps.upgrade whenIdle), in either
-        mode: which pods or claims it waits for (nvdp.mps.handover)."""
+        mode: which pods or claims it waits for (nvdp.mps.node.handover)."""
         from nvdp.config.names import DRA_DRIVER_ENV, node_name
         from nvdp.dra.pool.names import DEFAULT_DRIVER
-        from nvdp.mps.handover import live_wait
+        from nvdp.mps.node.handover import live_wait
         from nvdp.mps.paths import container_root
 
         root = container_root(self.where.env)

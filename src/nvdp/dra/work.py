@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from nvdp.dra.claims.sharing.node import NodeSharing
     from nvdp.dra.kubelet.server import DraServer
     from nvdp.health.ledger import Change, Ledger
-    from nvdp.mps.handover import WaitReporter
+    from nvdp.mps.node.handover import WaitReporter
 
 LOCK_FILE = "pu.lock"
 # The loop wakes this often to check that its sockets are still there (a kubelet's clean-up, or an
@@ -264,7 +264,7 @@ class DraWork(DaemonWork):
         self.server = DraServer(driver=self.driver, plugin_dir=self.plugin_dir,
                                 registry_dir=self.args.kubelet_registrar_dir,
                                 prepare=self.preparer.prepare, unprepare=self.preparer.unprepare,
-                                log=self.log, on_registered=self.on_registered, recorder=self.recorder,
+                                log=self.log, recorder=self.recorder,
                                 node=self.node, prepared=self.preparer.prepared, health=self.slices.feed,
                                 instance=self.args.instance)
         self.server.start()
@@ -284,14 +284,10 @@ class DraWork(DaemonWork):
         sharing, self.mps = node_sharing(client, self.serving, self.env, self.driver, self.node, self.log,
                                          self.recorder)
         if self.mps is not None:  # a new MPS daemon pod that waits for this node's claims: an Event says so
-            from nvdp.mps.handover import WaitReporter
+            from nvdp.mps.node.handover import WaitReporter
 
             self.mps_upgrade = WaitReporter(self.mps.root / self.driver, self.node, self.recorder.event)
         return sharing
-
-    def on_registered(self, registered: bool, error: str) -> None:
-        # The server logs the kubelet's answer (nvdp.dra.kubelet.server); nothing else follows from it here.
-        return None
 
     def on_health(self, unhealthy: frozenset[str], changes: Sequence[Change]) -> None:
         """The health monitor's consumer: devices of GPUs that are down get their taints (or leave the

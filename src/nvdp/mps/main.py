@@ -16,11 +16,11 @@ switch between the modes waits, as the plugins' does, until no pod uses the node
 
 `mps-control-daemon mount-shm` mounts the tmpfs MPS clients share as /dev/shm (the chart's init container);
 with the host's PID namespace it does so in the host's mount namespace (no Bidirectional propagation, see
-nvdp.mps.hostmount). On its final stop the daemon removes what only a running daemon needs from the host:
+nvdp.mps.node.hostmount). On its final stop the daemon removes what only a running daemon needs from the host:
 each resource's pipe folder and readiness marker, and the tmpfs it mounted (`mps-control-daemon
 unmount-shm`; pods that still use it keep it until they end). The bounded log folder stays.
 
-In both modes a pod starts daemons only once it holds its node (nvdp.mps.handover): the new pod of a
+In both modes a pod starts daemons only once it holds its node (nvdp.mps.node.handover): the new pod of a
 rolling update waits beside the old one, Ready only while no pod of the node uses MPS, and takes over
 when the old one ends; the old pod's final stop then leaves the host's MPS state to it.
 
@@ -44,7 +44,7 @@ from nvdp import __version__
 from nvdp.daemon.pernode.nodeconfig import add_node_config_arguments, settings_from
 from nvdp.daemon.report.endpoints import HttpEndpoints, parse_address
 from nvdp.daemon.skeleton import Skeleton
-from nvdp.mps.host_setup import build_mount_parser, mount_shm, unmount_shm
+from nvdp.mps.node.host_setup import build_mount_parser, mount_shm, unmount_shm
 from nvdp.mps.paths import container_root
 from nvdp.mps.supervisor import DEFAULT_PROBE_INTERVAL_S
 from nvdp.mps.work import MpsDaemonWork

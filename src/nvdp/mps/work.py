@@ -25,14 +25,14 @@ from nvdp.daemon.skeleton import DaemonWork, Skeleton
 from nvdp.mps.commands import MpsConfigError, MpsSettings
 from nvdp.mps.compute_mode import ComputeModeError, ComputeModes, NvmlComputeModes
 from nvdp.mps.daemons import Daemons, plan_mps
-from nvdp.mps.handover import HOLDER_FILE, Handover, Users, read_holder
-from nvdp.mps.host_setup import clean_up
+from nvdp.mps.node.handover import HOLDER_FILE, Handover, Users, read_holder
+from nvdp.mps.node.host_setup import clean_up
 from nvdp.mps.paths import ResourcePaths, unusable_root, unusable_root_message
 
 if TYPE_CHECKING:
     from nvdp.daemon.pernode.mode import KubeletPods, NodeApi
 
-# How often a pod waiting for its turn on the node asks again (nvdp.mps.handover).
+# How often a pod waiting for its turn on the node asks again (nvdp.mps.node.handover).
 HANDOVER_POLL_S = 1.0
 
 
@@ -118,7 +118,7 @@ class MpsDaemonWork(DaemonWork):
         self.probe_interval = probe_interval
         self.settings = settings
         self.current: Daemons | None = None
-        # Loaded settings not in force yet: this pod waits for its turn on the node (nvdp.mps.handover).
+        # Loaded settings not in force yet: this pod waits for its turn on the node (nvdp.mps.node.handover).
         self.pending: tuple[str, list[MpsSettings], Callable[[], ComputeModes]] | None = None
         self.handover = Handover.from_env(root, self._users, self.log)
 
@@ -158,7 +158,7 @@ class MpsDaemonWork(DaemonWork):
         return HANDOVER_POLL_S if self.pending is not None else None
 
     def _take_turn(self) -> None:
-        """Put the pending settings in force once this pod holds the node (nvdp.mps.handover)."""
+        """Put the pending settings in force once this pod holds the node (nvdp.mps.node.handover)."""
         if self.pending is None or not self.handover.take():
             return
         source, settings, modes_factory = self.pending
@@ -199,7 +199,7 @@ class MpsDaemonWork(DaemonWork):
 
     def finish(self, code: int) -> int:
         """The final stop: daemons down, compute modes back to DEFAULT, host state cleaned up, unless a
-        new pod of this node waits to take over: it shares that state (nvdp.mps.handover)."""
+        new pod of this node waits to take over: it shares that state (nvdp.mps.node.handover)."""
         if code != 0:
             self.handover.close()
             return code

@@ -22,7 +22,7 @@ from nvdp.config.names import node_name
 from nvdp.daemon.guard import guarded_loop, guarded_thread
 from nvdp.daemon.report.recording import Recorder
 from nvdp.mps import control
-from nvdp.mps.handover import WaitReporter
+from nvdp.mps.node.handover import WaitReporter
 from nvdp.mps.paths import HOST_ROOT_ENV, ResourcePaths, container_root, unusable_root, unusable_root_message
 from nvdp.mps.status import DaemonStatus, read_status
 

@@ -63,7 +63,7 @@ REASONS: Mapping[str, Reason] = MappingProxyType({
     "MPSDaemonReady": Reason(_DP, "the MPS control daemon answers after a wait"),
     "MPSUpgradeWaiting": Reason(
         _PLUGINS, "a new MPS daemon pod waits to take over until no pod of its node uses MPS "
-        "(nvdp.mps.handover)"),
+        "(nvdp.mps.node.handover)"),
     # The DRA plugin (nvdp.dra)
     "CheckpointSetAside": Reason(_DRA, "an unreadable checkpoint was set aside and rebuilt"),
     "ForeignMigDevices": Reason(

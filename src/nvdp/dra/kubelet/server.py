@@ -300,7 +300,8 @@ class DraServer:
 
     def __init__(
         self, *, driver: str, plugin_dir: str, registry_dir: str, prepare: Prepare, unprepare: Unprepare,
-        log: logging.Logger, on_registered: Callable[[bool, str], None], recorder: Recorder | None = None,
+        log: logging.Logger, on_registered: Callable[[bool, str], None] | None = None,
+        recorder: Recorder | None = None,
         node: str = "", prepared: Prepared | None = None, health: HealthFeed | None = None,
         instance: str = "",
     ) -> None:
@@ -430,6 +431,8 @@ class DraServer:
         else:
             self._log.error("The kubelet did not register DRA driver %s: %s", self.driver,
                             error or "no reason given")
+        if self._on_registered is None:
+            return
         try:
             self._on_registered(registered, error)
         except Exception as err:  # the kubelet's call must still succeed

@@ -25,7 +25,7 @@ from nvdp.daemon.report.recording import Recorder
 from nvdp.mps.commands import MpsSettings
 from nvdp.mps.compute_mode import ComputeModes
 from nvdp.mps.control import MpsCommandError
-from nvdp.mps.host_setup import clean_up
+from nvdp.mps.node.host_setup import clean_up
 from nvdp.mps.ordered.orders import (
     Applied,
     DaemonOrder,
@@ -109,7 +109,7 @@ class OrderedDaemons:
 
     def stop(self, *, clean_up_host: bool = True) -> bool:
         """The final stop: every daemon stopped, compute modes back to DEFAULT, the host state of a
-        running daemon cleaned up (nvdp.mps.host_setup.clean_up, the tmpfs at `<MPS root>/<driver>/shm`
+        running daemon cleaned up (nvdp.mps.node.host_setup.clean_up, the tmpfs at `<MPS root>/<driver>/shm`
         included) unless `clean_up_host` is False (a new pod takes over and shares it). The orders
         stay: they are the DRA plugin's. False when a compute mode stayed changed,
         now or when an earlier daemon stopped. Only the first call does anything."""

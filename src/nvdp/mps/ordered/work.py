@@ -15,7 +15,7 @@ from nvdp.daemon.pernode.nodeconfig import Chosen
 from nvdp.daemon.runloop import EXIT_FAILED, Wakes
 from nvdp.daemon.skeleton import DaemonWork, Skeleton
 from nvdp.mps.compute_mode import ComputeModes
-from nvdp.mps.handover import Handover, Users
+from nvdp.mps.node.handover import Handover, Users
 from nvdp.mps.ordered.daemons import ModesUnavailable, OrderedDaemons
 from nvdp.mps.ordered.orders import orders_dir, read_orders
 from nvdp.mps.paths import unusable_root, unusable_root_message
@@ -63,7 +63,7 @@ class OrderedDaemonsWork(DaemonWork):
 
     def finish(self, code: int) -> int:
         """The final stop: daemons down, compute modes back to DEFAULT, host state cleaned up, unless a
-        new pod of this node waits to take over: it shares that state (nvdp.mps.handover)."""
+        new pod of this node waits to take over: it shares that state (nvdp.mps.node.handover)."""
         if not self.handover.holding:
             self.handover.close()
             return code

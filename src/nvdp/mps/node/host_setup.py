@@ -2,7 +2,7 @@
 
 `mps-control-daemon mount-shm` (the chart's init container) mounts the tmpfs at <MPS root>/shm; with
 the host's PID namespace it does so in the host's mount namespace (no Bidirectional propagation, see
-nvdp.mps.hostmount). After the daemon's final stop `clean_up` removes each resource's pipe folder and
+nvdp.mps.node.hostmount). After the daemon's final stop `clean_up` removes each resource's pipe folder and
 readiness marker and the tmpfs it mounted (through `mps-control-daemon unmount-shm`, run as a
 single-threaded child because `setns` needs one); pods that still use the tmpfs keep it until they end.
 """
@@ -18,9 +18,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from nvdp.mps import hostmount, shm
 from nvdp.mps.commands import MpsSettings
-from nvdp.mps.handover import holder_running
+from nvdp.mps.node import hostmount, shm
+from nvdp.mps.node.handover import holder_running
 from nvdp.mps.paths import HOST_ROOT_ENV, ResourcePaths, container_root, shm_dir
 
 PROG = "mps-control-daemon"
@@ -48,7 +48,7 @@ def host_shm_dir() -> Path | None:
 
 def mount_shm(dry_run: bool) -> int:
     if holder_running(container_root()):
-        # The new pod of a rolling update: the running pod's clients use this tmpfs (nvdp.mps.handover).
+        # The new pod of a rolling update: the running pod's clients use this tmpfs (nvdp.mps.node.handover).
         print(f"an MPS daemon pod of this node runs its daemons under {container_root()}: its tmpfs stays, "
               "and this pod shares it when it takes over", flush=True)
         return 0
